@@ -1,0 +1,22 @@
+"""factflow: Datalog queries maintained incrementally over streams of facts, on Apache Spark.
+
+Model a domain as facts ``[entity attribute value]``, stream assertions and retractions
+in with :meth:`Engine.transact`, install Datalog queries with :meth:`Engine.query`, and
+receive every query's result as consistent changes after each epoch.
+"""
+
+from factflow.engine.engine import Engine, EngineConfig, EpochReport
+from factflow.engine.query import Query
+from factflow.engine.session import create_session
+from factflow.errors import (
+    EdnSyntaxError, EngineClosedError, FactflowError, QueryError, RuleError, SchemaError, TransactionError,
+    UnknownAttributeError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Engine", "EngineConfig", "EpochReport", "Query", "create_session",
+    "FactflowError", "EdnSyntaxError", "SchemaError", "UnknownAttributeError", "TransactionError",
+    "QueryError", "RuleError", "EngineClosedError", "__version__",
+]

@@ -1,0 +1,1 @@
+"""factflow.arrangement."""

@@ -1,0 +1,138 @@
+"""Immutable batches of updates: the unit a trace is made of.
+
+A batch holds update rows ``(columns..., _t, _diff)`` for the epochs ``[lower, upper)``.
+Two physical forms exist:
+
+* a *local* batch keeps its (small) rows on the driver as a pandas frame and exposes them
+  to Spark as a ``LocalRelation``: no cache, no lineage, exact statistics, free to broadcast;
+* a *cached* batch is a DataFrame persisted on the executors, hash-partitioned and sorted
+  by the trace's key so joins on that key need not shuffle it.
+
+Both report their exact row count, so tuple accounting is exact, and both are registered
+as a Spark temp view so that the SQL the dataflow generates can name them.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import pandas as pd
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import types as T
+
+from factflow.model.types import Kind, spark_type
+
+__all__ = ["Layout", "Batch", "TIME", "DIFF"]
+
+TIME = "_t"
+DIFF = "_diff"
+_VIEW_IDS = itertools.count(1)
+
+_PANDAS_DTYPES = {
+    Kind.LONG: "int64",
+    Kind.DOUBLE: "float64",
+    Kind.STRING: "object",
+    Kind.BOOLEAN: "bool",
+    Kind.INSTANT: "datetime64[us]",
+}
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Column layout of a trace: data columns with kinds, and the key it is partitioned by."""
+
+    columns: tuple[tuple[str, Kind], ...]
+    key: tuple[str, ...]
+
+    @property
+    def names(self) -> list[str]:
+        """Data column names (without time and diff)."""
+        return [name for name, _ in self.columns]
+
+    @property
+    def all_names(self) -> list[str]:
+        """Data columns followed by ``_t`` and ``_diff``."""
+        return self.names + [TIME, DIFF]
+
+    def spark_schema(self) -> T.StructType:
+        """The Spark schema of a batch with this layout."""
+        fields = [T.StructField(name, spark_type(kind), False) for name, kind in self.columns]
+        fields += [T.StructField(TIME, T.LongType(), False), T.StructField(DIFF, T.LongType(), False)]
+        return T.StructType(fields)
+
+    def normalize_pandas(self, frame: pd.DataFrame) -> pd.DataFrame:
+        """Give a pandas frame exactly this layout's columns and dtypes."""
+        out = frame[self.all_names].copy() if list(frame.columns) != self.all_names else frame.copy()
+        for name, kind in self.columns:
+            out[name] = out[name].astype(_PANDAS_DTYPES[kind])
+        out[TIME] = out[TIME].astype("int64")
+        out[DIFF] = out[DIFF].astype("int64")
+        return out.reset_index(drop=True)
+
+
+def register_view(frame: DataFrame, prefix: str = "ff_b") -> str:
+    """Register ``frame`` as a uniquely named temp view; returns the name."""
+    name = f"{prefix}{next(_VIEW_IDS)}"
+    frame.createOrReplaceTempView(name)
+    return name
+
+
+def drop_view(spark: SparkSession, name: str) -> None:
+    """Drop a temp view registered by :func:`register_view`."""
+    spark.catalog.dropTempView(name)
+
+
+class Batch:
+    """An immutable batch of updates covering epochs ``[lower, upper)``, readable as a view."""
+
+    __slots__ = ("lower", "upper", "rows", "frame", "local", "view", "_persisted")
+
+    def __init__(self, lower: int, upper: int, rows: int, frame: DataFrame,
+                 local: pd.DataFrame | None = None, persisted: DataFrame | None = None):
+        self.lower = lower
+        self.upper = upper
+        self.rows = rows
+        self.frame = frame
+        self.local = local
+        self._persisted = persisted
+        self.view = register_view(frame) if rows else None
+
+    @property
+    def source(self) -> str:
+        """SQL that reads this batch (a local batch is read as a single partition)."""
+        if self.local is not None:
+            return f"(SELECT /*+ COALESCE(1) */ * FROM {self.view})"
+        return self.view
+
+    @property
+    def is_local(self) -> bool:
+        """Whether the rows live on the driver (a LocalRelation) rather than in Spark's cache."""
+        return self.local is not None
+
+    @classmethod
+    def from_pandas(cls, spark: SparkSession, layout: Layout, frame: pd.DataFrame,
+                    lower: int, upper: int) -> "Batch":
+        """A local batch from consolidated rows already on the driver."""
+        frame = layout.normalize_pandas(frame)
+        spark_frame = spark.createDataFrame(frame, schema=layout.spark_schema()) if len(frame) else None
+        return cls(lower, upper, len(frame), spark_frame, local=frame)
+
+    @classmethod
+    def from_cached(cls, frame: DataFrame, rows: int, lower: int, upper: int,
+                    storage: DataFrame | None = None) -> "Batch":
+        """A batch over ``frame``, read from ``storage`` (persisted and materialized by the caller)."""
+        return cls(lower, upper, rows, frame, persisted=frame if storage is None else storage)
+
+    def release(self) -> None:
+        """Drop the batch's view and storage (unpersist a cached batch)."""
+        if self.view is not None:
+            drop_view(self.frame.sparkSession, self.view)
+            self.view = None
+        if self._persisted is not None:
+            self._persisted.unpersist(blocking=False)
+            self._persisted = None
+
+    def __repr__(self) -> str:
+        form = "local" if self.is_local else "cached"
+        return f"Batch([{self.lower}, {self.upper}), rows={self.rows}, {form}, {self.view})"

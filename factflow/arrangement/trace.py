@@ -1,0 +1,277 @@
+"""Collection traces: multiversioned, indexed state made of immutable batches.
+
+A trace is a list of batches ordered by time, complete for every epoch below ``upper``.
+Reading *as of* an epoch ``t`` accumulates every update with time ``<= t``. Readers hold
+:class:`TraceHandle` objects whose frontier promises that they will never read as of an
+earlier epoch; the trace's compaction frontier is the least frontier of its live handles.
+
+Maintenance merges adjacent batches geometrically (a batch is merged into its older
+neighbour while that neighbour is at most ``factor`` times larger), the way an LSM tree or
+a merge sort would, so a trace holds logarithmically many batches. Merging *compacts*:
+times older than the compaction frontier are advanced to it, updates that become
+indistinguishable are summed, and rows whose diff sums to zero are dropped. Small merged
+batches stay on the driver (see :mod:`.batch`); larger ones are consolidated by Spark,
+partitioned by the trace's key, persisted and counted.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+from pyspark.sql import DataFrame, SparkSession
+
+from factflow.arrangement.batch import DIFF, TIME, Batch, Layout
+from factflow.errors import FactflowError
+from factflow.model.types import sql_type
+
+__all__ = ["MergePolicy", "Trace", "TraceHandle"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class MergePolicy:
+    """How traces merge their batches.
+
+    ``factor``: a newer batch is merged into its older neighbour while the neighbour holds
+    at most ``factor`` times as many rows. ``local_limit``: merged batches of at most this
+    many rows stay on the driver. ``partitions``: partitions of cached batches.
+    """
+
+    factor: int = 2
+    local_limit: int = 20_000
+    partitions: int = 2
+
+
+class TraceHandle:
+    """A reader's hold on a trace: it may read as of any epoch at or after its frontier."""
+
+    def __init__(self, trace: "Trace", frontier: int, owner: str):
+        self.trace = trace
+        self.frontier = frontier
+        self.owner = owner
+        self.live = True
+
+    def read(self, as_of: int) -> str:
+        """SQL relation of the trace's updates accumulated as of ``as_of`` (not consolidated)."""
+        self._check()
+        if as_of < self.frontier:
+            raise FactflowError(f"{self.owner} cannot read {self.trace.name} as of {as_of}: its frontier is {self.frontier}")
+        return self.trace.read(as_of)
+
+    def advance(self, frontier: int) -> None:
+        """Promise never to read before ``frontier`` again, allowing compaction."""
+        self._check()
+        if frontier > self.frontier:
+            self.frontier = frontier
+
+    def release(self) -> None:
+        """Give up this handle; the trace may then compact past its frontier."""
+        if self.live:
+            self.live = False
+            self.trace._handles.discard(self)
+
+    def _check(self) -> None:
+        if not self.live:
+            raise FactflowError(f"the handle of {self.owner} on {self.trace.name} was released")
+
+
+class Trace:
+    """A multiversioned collection of updates ``(columns..., _t, _diff)``."""
+
+    def __init__(self, spark: SparkSession, name: str, layout: Layout, policy: MergePolicy, upper: int):
+        self.spark = spark
+        self.name = name
+        self.layout = layout
+        self.policy = policy
+        self.upper = upper
+        self.since = 0
+        self.batches: list[Batch] = []
+        self._handles: set[TraceHandle] = set()
+        self.merges = 0
+
+    # ------------------------------------------------------------ readers
+    def handle(self, frontier: int, owner: str) -> TraceHandle:
+        """A new reader handle at ``frontier`` (which must not precede the compacted past)."""
+        if frontier < self.since:
+            raise FactflowError(f"{owner} cannot hold {self.name} at {frontier}: it is compacted to {self.since}")
+        h = TraceHandle(self, frontier, owner)
+        self._handles.add(h)
+        return h
+
+    @property
+    def handles(self) -> list[TraceHandle]:
+        """Live handles on this trace."""
+        return list(self._handles)
+
+    def frontier(self) -> int:
+        """The compaction frontier: the least frontier of live handles (the latest epoch if none)."""
+        if self._handles:
+            return min(h.frontier for h in self._handles)
+        return self.upper - 1
+
+    def empty(self) -> str:
+        """SQL relation with this trace's columns and no rows."""
+        cols = [f"CAST(NULL AS {sql_type(k)}) AS `{n}`" for n, k in self.layout.columns]
+        return f"(SELECT {', '.join(cols + ['CAST(0 AS BIGINT) AS `_t`', 'CAST(0 AS BIGINT) AS `_diff`'])} WHERE FALSE)"
+
+    def read(self, as_of: int) -> str:
+        """SQL relation of updates with time ``<= as_of`` from every batch (diffs not consolidated)."""
+        if as_of < self.since:
+            raise FactflowError(f"{self.name} is compacted to {self.since}; it cannot be read as of {as_of}")
+        whole = [b for b in self.batches if b.upper - 1 <= as_of]
+        partial = [b for b in self.batches if b.lower <= as_of < b.upper - 1]
+        if len(whole) == 1 and not partial:
+            return whole[0].source
+        parts = [f"SELECT * FROM {b.source}" for b in whole]
+        parts += [f"SELECT * FROM {b.source} WHERE `_t` <= {as_of}L" for b in partial]
+        if not parts:
+            return self.empty()
+        return "(" + " UNION ALL ".join(parts) + ")"
+
+    def batches_between(self, lower: int, upper: int) -> list[Batch]:
+        """Batches that hold only times in ``[lower, upper)``."""
+        return [b for b in self.batches if b.lower >= lower and b.upper <= upper]
+
+    @property
+    def tuples(self) -> int:
+        """Update rows held by this trace (exact)."""
+        return sum(b.rows for b in self.batches)
+
+    # ------------------------------------------------------------ writers
+    def append(self, batch: Batch) -> None:
+        """Add the batch of the next epochs; empty batches only advance ``upper``."""
+        if batch.lower < self.upper:
+            raise FactflowError(f"{self.name}: batch [{batch.lower}, {batch.upper}) overlaps the trace (upper {self.upper})")
+        self.upper = batch.upper
+        if batch.rows == 0:
+            batch.release()
+            return
+        self.batches.append(batch)
+
+    def append_pandas(self, frame: pd.DataFrame, epoch: int) -> Batch:
+        """Append consolidated rows of one epoch held on the driver."""
+        frame = frame.assign(**{TIME: epoch}) if TIME not in frame.columns else frame
+        batch = Batch.from_pandas(self.spark, self.layout, frame, epoch, epoch + 1)
+        self.append(batch)
+        return batch
+
+    def append_frame(self, frame: DataFrame, epoch: int) -> Batch:
+        """Append one epoch's consolidated updates held in Spark: organized, persisted, counted.
+
+        A batch small enough to live on the driver is fetched there instead.
+        """
+        timed = frame.selectExpr(*[f"`{n}`" for n in self.layout.names], f"CAST({epoch} AS BIGINT) AS `{TIME}`", f"`{DIFF}`")
+        batch = self.materialize(timed, epoch, epoch + 1)
+        self.append(batch)
+        return batch
+
+    def append_cached(self, frame: DataFrame, rows: int, epoch: int, storage: DataFrame) -> Batch:
+        """Append one epoch's updates ``(columns..., _diff)`` read from ``storage``, a frame
+        already persisted and counted. A small batch is copied to the driver (the returned
+        batch is then local and ``storage`` stays the caller's to release)."""
+        if rows <= self.policy.local_limit:
+            return self.append_pandas(frame.select(*self.layout.names, DIFF).toArrow().to_pandas(), epoch)
+        frame = frame.selectExpr(*[f"`{n}`" for n in self.layout.names], f"CAST({epoch} AS BIGINT) AS `_t`", "`_diff`")
+        batch = Batch(epoch, epoch + 1, rows, frame, persisted=storage)
+        self.append(batch)
+        return batch
+
+    def advance_upper(self, upper: int) -> None:
+        """Record that no updates exist for epochs below ``upper`` beyond those appended."""
+        if upper > self.upper:
+            self.upper = upper
+
+    def truncate(self, epoch: int) -> None:
+        """Drop the batches of ``epoch`` and later (undo of a failed epoch; never merged yet)."""
+        for b in self.batches:
+            if b.lower >= epoch:
+                b.release()
+        self.batches = [b for b in self.batches if b.lower < epoch]
+        self.upper = min(self.upper, epoch)
+
+    def maintain(self) -> int:
+        """Merge batches; returns the number of merges done.
+
+        Trailing local batches are merged into one whenever they fit on the driver (cheap,
+        and every extra batch would cost Spark a scan task on each read). The rest merge
+        geometrically: a batch joins its older neighbour while that neighbour is at most
+        ``factor`` times larger.
+        """
+        done = 0
+        while len(self.batches) >= 2:
+            older, newer = self.batches[-2], self.batches[-1]
+            both_local = older.is_local and newer.is_local and older.rows + newer.rows <= self.policy.local_limit
+            if not both_local and older.rows > self.policy.factor * newer.rows:
+                break
+            merged = self._merge(older, newer)
+            self.batches[-2:] = [merged] if merged.rows else []
+            done += 1
+        self.merges += done
+        return done
+
+    def compact(self) -> None:
+        """Merge every batch into one, compacting to the current frontier."""
+        while len(self.batches) >= 2:
+            older, newer = self.batches[-2], self.batches[-1]
+            merged = self._merge(older, newer)
+            self.batches[-2:] = [merged] if merged.rows else []
+        if len(self.batches) == 1 and self.frontier() > self.since:
+            only = self.batches[0]
+            merged = self._consolidate([only], only.lower, only.upper)
+            self.batches = [merged] if merged.rows else []
+
+    def close(self) -> None:
+        """Release every batch and handle."""
+        for b in self.batches:
+            b.release()
+        self.batches = []
+        for h in list(self._handles):
+            h.release()
+
+    # ------------------------------------------------------------ internals
+    def _merge(self, older: Batch, newer: Batch) -> Batch:
+        merged = self._consolidate([older, newer], older.lower, newer.upper)
+        older.release()
+        newer.release()
+        return merged
+
+    def _consolidate(self, parts: list[Batch], lower: int, upper: int) -> Batch:
+        frontier = min(self.frontier(), upper - 1)
+        names = self.layout.names
+        if sum(p.rows for p in parts) <= self.policy.local_limit and all(p.is_local for p in parts):
+            frame = pd.concat([p.local for p in parts], ignore_index=True)
+            frame[TIME] = np.maximum(frame[TIME].to_numpy(), frontier)
+            frame = frame.groupby(names + [TIME], sort=False, dropna=False, as_index=False)[DIFF].sum()
+            frame = frame[frame[DIFF] != 0]
+            batch = Batch.from_pandas(self.spark, self.layout, frame, lower, upper)
+        else:
+            cols = ", ".join(f"`{n}`" for n in names)
+            union = " UNION ALL ".join(f"SELECT * FROM {p.source}" for p in parts if p.view)
+            sql = (f"SELECT {cols}, greatest(`_t`, {frontier}L) AS `_t`, SUM(`_diff`) AS `_diff` "
+                   f"FROM ({union}) GROUP BY {cols}, greatest(`_t`, {frontier}L) HAVING SUM(`_diff`) <> 0")
+            self.spark.sparkContext.setJobDescription(f"merge {self.name} [{lower}, {upper})")
+            batch = self.materialize(self.spark.sql(sql), lower, upper)
+        self.since = max(self.since, frontier)
+        return batch
+
+    def materialize(self, frame: DataFrame, lower: int, upper: int) -> Batch:
+        """A batch of ``frame`` (the full layout, with ``_t``): persisted, partitioned by the
+        key and counted, or moved to the driver when it is small."""
+        cached = self._organize(frame).persist()
+        rows = cached.count()
+        if rows > self.policy.local_limit:
+            return Batch.from_cached(cached, rows, lower, upper)
+        local = cached.toArrow().to_pandas()
+        cached.unpersist(blocking=False)
+        return Batch.from_pandas(self.spark, self.layout, local, lower, upper)
+
+    def _organize(self, frame: DataFrame) -> DataFrame:
+        key = list(self.layout.key) or self.layout.names
+        return frame.repartition(self.policy.partitions, *key).sortWithinPartitions(*key)
+
+    def __repr__(self) -> str:
+        return f"Trace({self.name}, upper={self.upper}, since={self.since}, batches={self.batches})"

@@ -1,0 +1,428 @@
+"""Dataflow operators over Z-set relations, each with its incremental (delta) rule.
+
+Every operator produces relations with its data columns plus ``_diff``, as SQL named in
+the evaluation's :class:`EpochContext`. ``delta(cx)`` is the change of the operator's
+collection in the evaluated epoch (None when nothing changed); ``read(cx, version)`` is
+the whole collection as of the epoch before (OLD) or after (NEW) the change. In install
+mode the whole state is the change and OLD is empty, so the same rules compute initial
+results.
+
+Operators that keep state hold it in traces: :class:`Arranged` (an intermediate result
+arranged privately, as join-at-a-time plans need) and :class:`Distinct` (derivation
+counts, to report a set). Their pending changes are collected by the engine once per
+epoch for all queries together and then committed to their traces.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from factflow.arrangement.batch import DIFF
+from factflow.arrangement.trace import Trace, TraceHandle
+from factflow.dataflow import zset
+from factflow.dataflow.context import EpochContext, Version
+from factflow.dataflow.zset import ident, literal
+from factflow.model.types import Kind
+
+__all__ = ["Node", "Scan", "Static", "Filter", "Bind", "Project", "Rename", "Join", "Union", "Arranged",
+           "Distinct", "Stateful", "OUT"]
+
+OUT = "_out"
+Columns = tuple[tuple[str, Kind], ...]
+
+
+class Node:
+    """Base class of dataflow operators."""
+
+    columns: Columns = ()
+
+    @property
+    def names(self) -> list[str]:
+        """Output column names (without ``_diff``)."""
+        return [n for n, _ in self.columns]
+
+    def kind_of(self, name: str) -> Kind:
+        """Kind of an output column."""
+        return dict(self.columns)[name]
+
+    def inputs(self) -> Sequence["Node"]:
+        """Operators this one reads."""
+        return ()
+
+    def delta(self, cx: EpochContext) -> str | None:
+        """This epoch's change (a relation name; memoized per evaluation)."""
+        return cx.memo(self, "delta", lambda: self._delta(cx))
+
+    def read(self, cx: EpochContext, version: Version) -> str:
+        """The whole collection as of OLD or NEW (a relation name; memoized per evaluation)."""
+        return cx.memo(self, f"read-{version.value}", lambda: self._read(cx, version))
+
+    def join_into(self, cx: EpochContext, version: Version, frame: str, frame_names: Sequence[str],
+                  on: Sequence[str]) -> str:
+        """Join a (change) relation with this collection as of ``version``."""
+        sql = zset.join(frame, frame_names, self.read(cx, version), self.names, on,
+                        small="left" if cx.small else None)
+        return cx.define(sql)
+
+    def _delta(self, cx: EpochContext) -> str | None:
+        raise NotImplementedError
+
+    def _read(self, cx: EpochContext, version: Version) -> str:
+        raise NotImplementedError
+
+    def walk(self) -> list["Node"]:
+        """This operator and everything upstream of it, each once, inputs first."""
+        seen: set[int] = set()
+        order: list[Node] = []
+
+        def visit(n: Node) -> None:
+            if id(n) in seen:
+                return
+            seen.add(id(n))
+            for i in n.inputs():
+                visit(i)
+            order.append(n)
+
+        visit(self)
+        return order
+
+    def describe(self) -> str:
+        """One line for explain output."""
+        return type(self).__name__
+
+
+class Scan(Node):
+    """A data pattern over one face of a shared attribute arrangement.
+
+    ``e`` and ``v`` are each a column name (binding a variable), a constant, or None (a
+    blank, projected away while keeping multiplicities).
+    """
+
+    def __init__(self, handle: TraceHandle, attribute_name: str, face: str, value_kind: Kind,
+                 e_col: str | None, e_const, v_col: str | None, v_const, label: str):
+        self.handle = handle
+        self.attribute_name = attribute_name
+        self.face = face
+        self.value_kind = value_kind
+        self.e_col, self.e_const = e_col, e_const
+        self.v_col, self.v_const = v_col, v_const
+        self.label = label
+        cols: list[tuple[str, Kind]] = []
+        if e_col is not None:
+            cols.append((e_col, Kind.LONG))
+        if v_col is not None and v_col != e_col:
+            cols.append((v_col, value_kind))
+        self.columns = tuple(cols)
+
+    @property
+    def trace(self) -> Trace:
+        """The shared trace this scan reads."""
+        return self.handle.trace
+
+    def _shape(self, cx: EpochContext, relation: str) -> str:
+        conditions = []
+        if self.e_const is not None:
+            conditions.append(f"`e` = {literal(self.e_const, Kind.LONG)}")
+        if self.v_const is not None:
+            conditions.append(f"`v` = {literal(self.v_const, self.value_kind)}")
+        if self.e_col is not None and self.e_col == self.v_col:
+            conditions.append("`e` = `v`")
+        outs = []
+        if self.e_col is not None:
+            outs.append(f"`e` AS {ident(self.e_col)}")
+        if self.v_col is not None and self.v_col != self.e_col:
+            outs.append(f"`v` AS {ident(self.v_col)}")
+        outs.append(ident(DIFF))
+        where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
+        return cx.define(f"SELECT {', '.join(outs)} FROM {relation}{where}")
+
+    def _delta(self, cx):
+        if cx.install:
+            return self._shape(cx, self.handle.read(cx.epoch))
+        batches = self.trace.batches_between(cx.epoch, cx.epoch + 1)
+        if not batches:
+            return None
+        if len(batches) == 1:
+            return self._shape(cx, batches[0].source)
+        return self._shape(cx, "(" + " UNION ALL ".join(f"SELECT * FROM {b.source}" for b in batches) + ")")
+
+    def _read(self, cx, version):
+        if version is Version.OLD:
+            if cx.install:
+                return self._shape(cx, self.trace.empty())
+            return self._shape(cx, self.handle.read(cx.old_epoch))
+        return self._shape(cx, self.handle.read(cx.epoch))
+
+    def describe(self):
+        return f"Scan {self.label} via {self.face} index of {self.attribute_name}"
+
+
+class Static(Node):
+    """A constant relation (query inputs and literal collections); it never changes."""
+
+    def __init__(self, view: str, columns: Columns, label: str):
+        self.view = view
+        self.columns = columns
+        self.label = label
+
+    def _delta(self, cx):
+        return self.view if cx.install else None
+
+    def _read(self, cx, version):
+        if cx.install and version is Version.OLD:
+            return cx.define(zset.empty(self.columns))
+        return self.view
+
+    def describe(self):
+        return f"Static {self.label}"
+
+
+class _Linear(Node):
+    """An operator applied tuple by tuple: delta and reads are the operator applied to the input's."""
+
+    def __init__(self, child: Node):
+        self.child = child
+
+    def inputs(self):
+        return (self.child,)
+
+    def apply(self, relation: str) -> str:
+        """SQL of this operator applied to ``relation``."""
+        raise NotImplementedError
+
+    def _delta(self, cx):
+        d = self.child.delta(cx)
+        return None if d is None else cx.define(self.apply(d))
+
+    def _read(self, cx, version):
+        return cx.define(self.apply(self.child.read(cx, version)))
+
+
+class Filter(_Linear):
+    """Keep tuples satisfying a SQL condition over the input's columns."""
+
+    def __init__(self, child: Node, condition: str, label: str):
+        super().__init__(child)
+        self.condition = condition
+        self.columns = child.columns
+        self.label = label
+
+    def apply(self, relation):
+        return zset.where(relation, self.condition)
+
+    def describe(self):
+        return f"Filter {self.label}"
+
+
+class Bind(_Linear):
+    """Bind a computed value to a column (or, if the column exists, keep tuples where it matches)."""
+
+    def __init__(self, child: Node, name: str, kind: Kind, value: str, label: str):
+        super().__init__(child)
+        self.name, self.value, self.label = name, value, label
+        self.rebinds = name in child.names
+        self.columns = child.columns if self.rebinds else child.columns + ((name, kind),)
+
+    def apply(self, relation):
+        if self.rebinds:
+            return zset.where(relation, f"{ident(self.name)} = {self.value}")
+        inner = f"SELECT {', '.join(ident(n) for n in self.child.names)}, {self.value} AS {ident(self.name)}, " \
+                f"{ident(DIFF)} FROM {relation}"
+        return f"SELECT * FROM ({inner}) WHERE {ident(self.name)} IS NOT NULL"
+
+    def describe(self):
+        return f"Bind {self.label}"
+
+
+class Project(_Linear):
+    """Keep some columns (multiset projection: multiplicities add up, nothing is consolidated)."""
+
+    def __init__(self, child: Node, names: Sequence[str]):
+        super().__init__(child)
+        kinds = dict(child.columns)
+        self.columns = tuple((n, kinds[n]) for n in names)
+
+    def apply(self, relation):
+        return zset.select(relation, self.names)
+
+    def describe(self):
+        return "Project"
+
+
+class Rename(_Linear):
+    """Rename columns (``mapping`` old -> new), dropping the columns it does not name."""
+
+    def __init__(self, child: Node, mapping: dict[str, str]):
+        super().__init__(child)
+        self.mapping = dict(mapping)
+        kinds = dict(child.columns)
+        self.columns = tuple((new, kinds[old]) for old, new in self.mapping.items())
+
+    def apply(self, relation):
+        outs = [f"{ident(old)} AS {ident(new)}" for old, new in self.mapping.items()] + [ident(DIFF)]
+        return f"SELECT {', '.join(outs)} FROM {relation}"
+
+    def describe(self):
+        return "Rename " + ", ".join(f"{a} -> {b}" for a, b in self.mapping.items())
+
+
+class Join(Node):
+    """Binary equi-join on shared columns: d(L join R) = dL join R_new + L_old join dR."""
+
+    def __init__(self, left: Node, right: Node):
+        self.left, self.right = left, right
+        self.on = [n for n in left.names if n in right.names]
+        self.columns = left.columns + tuple(c for c in right.columns if c[0] not in self.on)
+
+    def inputs(self):
+        return (self.left, self.right)
+
+    def _delta(self, cx):
+        parts = []
+        dl = self.left.delta(cx)
+        if dl is not None:
+            parts.append(self.right.join_into(cx, Version.NEW, dl, self.left.names, self.on))
+        dr = self.right.delta(cx)
+        if dr is not None:
+            parts.append(self.left.join_into(cx, Version.OLD, dr, self.right.names, self.on))
+        if not parts:
+            return None
+        return cx.define(zset.union(parts, self.names))
+
+    def _read(self, cx, version):
+        joined = zset.join(self.left.read(cx, version), self.left.names, self.right.read(cx, version),
+                           self.right.names, self.on)
+        return cx.define(zset.select(f"({joined})", self.names))
+
+    def describe(self):
+        on = ", ".join(self.on) if self.on else "nothing (cartesian product)"
+        return f"Join on {on}"
+
+
+class Union(Node):
+    """Concatenation of collections with the same columns."""
+
+    def __init__(self, children: Sequence[Node]):
+        self.children = list(children)
+        self.columns = self.children[0].columns
+
+    def inputs(self):
+        return tuple(self.children)
+
+    def _delta(self, cx):
+        parts = [d for d in (c.delta(cx) for c in self.children) if d is not None]
+        return cx.define(zset.union(parts, self.names)) if parts else None
+
+    def _read(self, cx, version):
+        return cx.define(zset.union([c.read(cx, version) for c in self.children], self.names))
+
+    def describe(self):
+        return f"Union of {len(self.children)}"
+
+
+class Stateful(Node):
+    """An operator that keeps its input in a private trace, updated once per epoch.
+
+    ``pending(cx)`` is the relation the engine collects (consolidated changes to the
+    trace, plus an ``_out`` column for operators whose output differs from their state),
+    and the engine appends what it collected to ``trace``.
+    """
+
+    def __init__(self, child: Node, trace: Trace, owner: str, role: str = "intermediate"):
+        self.child = child
+        self.trace = trace
+        self.role = role
+        self.columns = child.columns
+        self.handle = trace.handle(trace.upper - 1, owner)
+
+    def inputs(self):
+        return (self.child,)
+
+    def state_delta(self, cx: EpochContext) -> str | None:
+        """This epoch's consolidated change to the trace."""
+        return cx.memo(self, "state", lambda: self._state_delta(cx))
+
+    def _state_delta(self, cx):
+        d = self.child.delta(cx)
+        return None if d is None else cx.define(zset.consolidate(d, self.names))
+
+    def pending(self, cx: EpochContext) -> str | None:
+        """What the engine collects for this operator in this evaluation."""
+        return self.state_delta(cx)
+
+    def state(self, cx: EpochContext, version: Version) -> str:
+        """The trace's updates as of ``version`` (not consolidated)."""
+        return cx.memo(self, f"state-{version.value}", lambda: self._state(cx, version))
+
+    def _state(self, cx, version):
+        if version is Version.OLD:
+            if cx.install:
+                return cx.define(zset.empty(self.columns))
+            return cx.define(zset.select(self.handle.read(cx.old_epoch), self.names))
+        d = self.state_delta(cx)
+        old = self.state(cx, Version.OLD)
+        return old if d is None else cx.define(zset.union([old, d], self.names))
+
+    def adopt(self, cx: EpochContext, relation: str) -> None:
+        """Use ``relation`` (the materialized pending rows) for everything downstream."""
+        cx.set(self, "state", cx.define(zset.select(relation, self.names)))
+        cx.set(self, "pending", relation)
+
+
+class Arranged(Stateful):
+    """An intermediate collection arranged privately (join-at-a-time plans)."""
+
+    def _delta(self, cx):
+        return self.state_delta(cx)
+
+    def _read(self, cx, version):
+        return self.state(cx, version)
+
+    def describe(self):
+        return f"Arrange privately by {', '.join(self.trace.layout.key) or '(all)'}"
+
+
+class Distinct(Stateful):
+    """Set semantics: tracks derivation counts and reports each present tuple once."""
+
+    def pending(self, cx):
+        return cx.memo(self, "pending", lambda: self._pending(cx))
+
+    def _pending(self, cx):
+        d = self.state_delta(cx)
+        if d is None:
+            return None
+        old = zset.semijoin(self.state(cx, Version.OLD), d, self.names, small_keys=cx.small)
+        on = " AND ".join(f"d.{ident(n)} = o.{ident(n)}" for n in self.names)
+        group = ", ".join(ident(n) for n in self.names)
+        counts = f"SELECT {group}, SUM({ident(DIFF)}) AS `_old` FROM ({old}) GROUP BY {group}"
+        before = "coalesce(o.`_old`, 0)"
+        out = (f"CAST(CASE WHEN {before} <= 0 AND {before} + d.{ident(DIFF)} > 0 THEN 1 "
+               f"WHEN {before} > 0 AND {before} + d.{ident(DIFF)} <= 0 THEN -1 ELSE 0 END AS BIGINT)")
+        cols = ", ".join(f"d.{ident(n)}" for n in self.names)
+        join = f"LEFT JOIN ({counts}) o ON {on}" if self.names else f"CROSS JOIN ({counts}) o"
+        return cx.define(f"SELECT {cols}, d.{ident(DIFF)}, {out} AS {ident(OUT)} FROM {d} d {join}")
+
+    def _delta(self, cx):
+        p = self.pending(cx)
+        if p is None:
+            return None
+        return cx.define(zset.where(f"({zset.select(p, self.names, diff=ident(OUT))})", f"{ident(DIFF)} <> 0"))
+
+    def _present(self, cx: EpochContext, updates: str) -> str:
+        """Tuples whose accumulated count in ``updates`` is positive, each once."""
+        counts = zset.consolidate(updates, self.names)
+        outs = [ident(n) for n in self.names] + [f"CAST(1 AS BIGINT) AS {ident(DIFF)}"]
+        return cx.define(f"SELECT {', '.join(outs)} FROM ({counts}) WHERE {ident(DIFF)} > 0")
+
+    def _read(self, cx, version):
+        return self._present(cx, self.state(cx, version))
+
+    def join_into(self, cx, version, frame, frame_names, on):
+        touched = zset.semijoin(self.state(cx, version), frame, on, small_keys=cx.small)
+        present = self._present(cx, f"({touched})")
+        return cx.define(zset.join(frame, frame_names, present, self.names, on,
+                                   small="left" if cx.small else None))
+
+    def describe(self):
+        return "Distinct (derivation counts kept privately)"

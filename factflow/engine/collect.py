@@ -1,0 +1,79 @@
+"""Collecting many differently shaped relations with a single Spark job.
+
+Every relation is mapped onto one wide schema (a tag column plus typed slots per kind),
+the relations are unioned, and the union is fetched once as Arrow. The driver then cuts
+the Arrow table back into one pandas frame per input, with the original column names and
+exact types (Arrow keeps 64-bit integers exact where pandas would turn nullable ones
+into floats).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import SparkSession
+
+from factflow.dataflow.context import EpochContext
+from factflow.dataflow.zset import ident
+from factflow.model.types import Kind, sql_type
+
+__all__ = ["Collector"]
+
+_TAG = "_tag"
+_PREFIX = {Kind.LONG: "l", Kind.DOUBLE: "d", Kind.STRING: "s", Kind.BOOLEAN: "b", Kind.INSTANT: "t"}
+
+
+class Collector:
+    """Gathers relations to fetch together; ``run`` returns them as pandas frames, in order."""
+
+    def __init__(self) -> None:
+        self._items: list[tuple[str, tuple[tuple[str, Kind], ...]]] = []
+
+    def add(self, relation: str, columns: Sequence[tuple[str, Kind]]) -> int:
+        """Queue a relation (with exactly ``columns``); returns its position in the result."""
+        self._items.append((relation, tuple(columns)))
+        return len(self._items) - 1
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def run(self, spark: SparkSession, cx: EpochContext, description: str = "collect") -> list[pd.DataFrame]:
+        """Fetch every queued relation (named in ``cx``) in one Spark job."""
+        if not self._items:
+            return []
+        width: dict[Kind, int] = {}
+        for _, columns in self._items:
+            counts: dict[Kind, int] = {}
+            for _, kind in columns:
+                counts[kind] = counts.get(kind, 0) + 1
+            for kind, n in counts.items():
+                width[kind] = max(width.get(kind, 0), n)
+        slots = [(f"{_PREFIX[k]}{i}", k) for k in Kind for i in range(width.get(k, 0))]
+        wide = []
+        mappings = []
+        for tag, (relation, columns) in enumerate(self._items):
+            used: dict[Kind, int] = {}
+            mapping: dict[str, str] = {}
+            for name, kind in columns:
+                i = used.get(kind, 0)
+                used[kind] = i + 1
+                mapping[f"{_PREFIX[kind]}{i}"] = name
+            mappings.append(mapping)
+            exprs = [f"{tag} AS {_TAG}"]
+            for slot, kind in slots:
+                source = ident(mapping[slot]) if slot in mapping else "NULL"
+                exprs.append(f"CAST({source} AS {sql_type(kind)}) AS {slot}")
+            wide.append(f"SELECT {', '.join(exprs)} FROM {relation}")
+        spark.sparkContext.setJobDescription(description)
+        table = spark.sql(cx.statement(" UNION ALL ".join(f"({w})" for w in wide))).toArrow()
+        out = []
+        tags = table.column(_TAG)
+        for tag, mapping in enumerate(mappings):
+            part = table.filter(pc.equal(tags, pa.scalar(tag, tags.type))) if len(mappings) > 1 else table
+            names = list(mapping)
+            part = part.select(names).rename_columns([mapping[n] for n in names])
+            out.append(part.to_pandas())
+        return out

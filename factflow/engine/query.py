@@ -1,0 +1,126 @@
+"""The handle a client holds on an installed query."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Callable
+
+import pandas as pd
+
+from factflow.arrangement.batch import DIFF
+from factflow.dataflow import zset
+from factflow.dataflow.nodes import Distinct
+from factflow.dataflow.zset import ident
+from factflow.engine.rows import changes_from_frame, python_rows
+from factflow.errors import EngineClosedError
+from factflow.planner.synthesis import Dataflow
+
+if TYPE_CHECKING:  # pragma: no cover
+    from factflow.engine.engine import Engine
+
+__all__ = ["Query", "Subscriber"]
+
+log = logging.getLogger(__name__)
+
+Subscriber = Callable[[int, list], None]
+
+
+class Query:
+    """An installed query: its current result and a stream of consolidated changes.
+
+    ``results()`` is ``{row: multiplicity}`` as of the latest epoch (multiplicity 1 under
+    set semantics, the number of derivations under multiset semantics).
+    ``subscribe(fn)`` calls ``fn(epoch, [(row, diff), ...])`` after every epoch in which
+    the result changed; summing the diffs from the install epoch on gives ``results()``.
+    """
+
+    def __init__(self, engine: "Engine", dataflow: Dataflow, installed_at: int):
+        self._engine = engine
+        self.dataflow = dataflow
+        self.name = dataflow.name
+        self.installed_at = installed_at
+        self._subscribers: list[Subscriber] = []
+        self.closed = False
+
+    @property
+    def columns(self) -> list[str]:
+        """The :find variables, in order."""
+        return [str(v) for v, _ in self.dataflow.find]
+
+    def _report(self):
+        kinds = dict(self.dataflow.result.columns)
+        return [(col, kinds[col]) for _, col in self.dataflow.find]
+
+    def results(self) -> dict[tuple, int]:
+        """The result as of the latest epoch, as ``{row_tuple: multiplicity}``."""
+        frame = self._current()
+        self._engine.spark.sparkContext.setJobDescription(f"results of {self.name}")
+        data = frame.toArrow().to_pandas()
+        rows = python_rows(data, self._report())
+        return dict(zip(rows, data[DIFF].astype("int64").tolist()))
+
+    def frame(self):
+        """The result as of the latest epoch as a Spark DataFrame: one column per :find
+        variable (named without the '?') and ``_diff``, the multiplicity."""
+        renamed = [f"{ident(col)} AS {ident(str(v).lstrip('?'))}" for v, col in self.dataflow.find]
+        return self._engine.spark.sql(f"SELECT {', '.join(renamed + [ident(DIFF)])} FROM ({self._current_sql()})")
+
+    def _current(self):
+        return self._engine.spark.sql(self._current_sql())
+
+    def _current_sql(self) -> str:
+        self._check()
+        result = self.dataflow.result
+        counts = zset.consolidate(result.handle.read(self._engine.epoch), result.names)
+        if isinstance(result, Distinct):
+            counts = zset.select(f"({counts})", result.names, diff="CAST(1 AS BIGINT)") + f" WHERE {ident(DIFF)} > 0"
+        report = [col for _, col in self.dataflow.find]
+        if report != result.names:
+            counts = zset.consolidate(f"({zset.select(f'({counts})', report)})", report)
+        return counts
+
+    def subscribe(self, fn: Subscriber) -> Callable[[], None]:
+        """Call ``fn(epoch, changes)`` after each epoch that changes the result; returns an unsubscribe function."""
+        self._check()
+        self._subscribers.append(fn)
+
+        def unsubscribe() -> None:
+            if fn in self._subscribers:
+                self._subscribers.remove(fn)
+
+        return unsubscribe
+
+    @property
+    def has_subscribers(self) -> bool:
+        """Whether anyone listens to this query's changes."""
+        return bool(self._subscribers)
+
+    def deliver(self, epoch: int, frame: pd.DataFrame, diff: str) -> list[Exception]:
+        """Hand one epoch's output rows to every subscriber; returns the errors they raised."""
+        changes = changes_from_frame(frame, self._report(), diff)
+        if not changes:
+            return []
+        errors = []
+        for fn in list(self._subscribers):
+            try:
+                fn(epoch, changes)
+            except Exception as exc:  # a subscriber's failure must not break the engine
+                log.exception("subscriber of query %s failed at epoch %d", self.name, epoch)
+                errors.append(exc)
+        return errors
+
+    def explain(self) -> str:
+        """A readable description of the plan: strategy, operators, the state they hold."""
+        return self.dataflow.explain()
+
+    def close(self) -> None:
+        """Uninterest: tear the dataflow down and release its trace handles."""
+        if not self.closed:
+            self._engine._uninstall(self)
+
+    def _check(self) -> None:
+        if self.closed:
+            raise EngineClosedError(f"query {self.name} is closed")
+
+    def __repr__(self) -> str:
+        return f"<factflow.Query {self.name} {'closed' if self.closed else 'installed at epoch ' + str(self.installed_at)}>"

@@ -1,0 +1,67 @@
+"""Creating the SparkSession an embedded engine runs on, after checking for Java 17+."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+
+from pyspark.sql import SparkSession
+
+from factflow.errors import FactflowError
+
+__all__ = ["DEFAULT_SPARK_CONF", "check_java", "create_session"]
+
+#: Settings for an engine-owned session: small shuffles, Arrow transfers, UTC, no UI.
+DEFAULT_SPARK_CONF = {
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.shuffle.partitions": "4",
+    "spark.default.parallelism": "4",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.adaptive.enabled": "false",
+    "spark.log.structuredLogging.enabled": "false",
+    "spark.driver.memory": "2g",
+    "spark.sql.autoBroadcastJoinThreshold": str(32 * 1024 * 1024),
+}
+
+MIN_JAVA = 17
+
+
+def check_java() -> int:
+    """Return the major version of the Java runtime Spark will use, or raise a clear error."""
+    java_home = os.environ.get("JAVA_HOME")
+    java = os.path.join(java_home, "bin", "java") if java_home else shutil.which("java")
+    advice = ("factflow runs Spark, which needs a Java 17 (or newer) runtime. Install one "
+              "(for example 'apt-get install openjdk-17-jre-headless' or from adoptium.net) "
+              "and put 'java' on your PATH or set JAVA_HOME.")
+    if not java or not os.path.exists(java):
+        raise FactflowError(f"no Java runtime found. {advice}")
+    try:
+        out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise FactflowError(f"could not run {java} -version ({exc}). {advice}") from None
+    text = out.stderr + out.stdout
+    match = re.search(r'version "(\d+)(?:\.(\d+))?', text)
+    if not match:
+        raise FactflowError(f"could not read the Java version from {java!r}: {text.strip()[:200]}. {advice}")
+    major = int(match.group(1))
+    if major == 1 and match.group(2):
+        major = int(match.group(2))
+    if major < MIN_JAVA:
+        raise FactflowError(f"Java {major} found at {java}, but Java {MIN_JAVA}+ is required. {advice}")
+    return major
+
+
+def create_session(master: str | None = None, app_name: str = "factflow",
+                   conf: dict[str, str] | None = None, log_level: str = "ERROR") -> SparkSession:
+    """A SparkSession with factflow's defaults (``master`` defaults to ``local[*]``)."""
+    check_java()
+    builder = SparkSession.builder.appName(app_name).master(master or "local[*]")
+    for key, value in {**DEFAULT_SPARK_CONF, **(conf or {})}.items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel(log_level)
+    return session

@@ -1,0 +1,350 @@
+"""Transactions: from user input to the effective changes of each attribute.
+
+A transaction arrives as a list of ``[op e a v]`` operations, EDN text of such a list,
+or a pandas / Spark DataFrame with columns ``e``, ``a``, ``v`` and optionally a boolean
+``added``. It is first brought into one *wide* Spark frame: attribute id, entity, sign
+(+1 assert, -1 retract) and the value in the slot of its kind. Then a single Spark plan
+checks the transaction against Datomic's rules and computes, for every attribute, the
+changes the transaction really makes given the attribute's current state and semantics:
+
+* ``set``: asserting a present fact or retracting an absent one changes nothing;
+* ``one``: asserting a new value for an entity also retracts its current value;
+* ``raw``: every assertion adds an occurrence, every retraction removes one (if any).
+
+Errors found by Spark (conflicts inside the transaction, bad values in bulk input) come
+back as rows with an ``err`` message; the engine rejects the whole transaction if any.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import reduce
+from typing import Any, Iterable
+
+import numpy as np
+import pandas as pd
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from factflow import edn
+from factflow.arrangement.batch import DIFF
+from factflow.errors import EdnSyntaxError, SchemaError, TransactionError, UnknownAttributeError
+from factflow.model.schema import Attribute, Schema
+from factflow.dataflow.statement import Statement
+from factflow.model.types import Kind, coerce_value, python_type_name, spark_type, sql_type
+
+__all__ = ["PreparedTransaction", "prepare", "effective_changes", "format_errors", "SLOT", "TX_SCHEMA", "ERR"]
+
+SLOT = {Kind.LONG: "vl", Kind.DOUBLE: "vd", Kind.STRING: "vs", Kind.BOOLEAN: "vb", Kind.INSTANT: "vt"}
+ERR = "err"
+_OPS = {":db/add": 1, ":db/retract": -1}
+TX_SCHEMA = T.StructType(
+    [T.StructField("a", T.IntegerType(), False), T.StructField("e", T.LongType(), True),
+     T.StructField("op", T.IntegerType(), False)]
+    + [T.StructField(SLOT[k], spark_type(k), True) for k in Kind]
+)
+_MAX_ERRORS = 5
+_IN_LIST_LIMIT = 2000  # above this many entities, restrict state reads with a join instead
+
+
+@dataclass
+class PreparedTransaction:
+    """A transaction in wide form, with what the driver already knows about it."""
+
+    frame: DataFrame
+    attributes: list[Attribute]
+    rows: int | None  # None when unknown (Spark input)
+    small: bool       # small enough to collect its effective changes to the driver
+    entities: dict[int, list[int]] | None = None  # entity ids per attribute id, when known
+
+
+def prepare(tx: Any, schema: Schema, spark: SparkSession, local_limit: int) -> PreparedTransaction:
+    """Validate what can be checked without data and build the wide transaction frame."""
+    if isinstance(tx, str):
+        try:
+            tx = edn.read(tx)
+        except EdnSyntaxError as exc:
+            raise TransactionError(f"malformed transaction EDN: {exc}") from None
+    if isinstance(tx, DataFrame):
+        return _from_spark(tx, schema, spark)
+    if isinstance(tx, pd.DataFrame):
+        return _from_pandas(tx, schema, spark, local_limit)
+    if isinstance(tx, (list, tuple)):
+        return _from_ops(tx, schema, spark, local_limit)
+    raise TransactionError(
+        f"a transaction must be a list of [op e a v] operations, EDN text, or a pandas/Spark DataFrame; "
+        f"got {type(tx).__name__}"
+    )
+
+
+# ------------------------------------------------------------------ input forms
+
+def _wide_pandas(a, e, op, values: dict[Kind, list]) -> pd.DataFrame:
+    data = {"a": pd.Series(a, dtype="int32"), "e": pd.Series(e, dtype="int64"), "op": pd.Series(op, dtype="int32")}
+    n = len(a)
+    for kind in Kind:
+        data[SLOT[kind]] = values.get(kind, [None] * n)
+    return pd.DataFrame(data)
+
+
+def _from_ops(ops: Iterable, schema: Schema, spark: SparkSession, local_limit: int) -> PreparedTransaction:
+    a_ids: list[int] = []
+    entities: list[int] = []
+    signs: list[int] = []
+    values = {k: [] for k in Kind}
+    touched: dict[int, Attribute] = {}
+    for i, op in enumerate(ops):
+        where = f"operation {i} {_show(op)}"
+        if not isinstance(op, (list, tuple)) or len(op) != 4:
+            raise TransactionError(f"{where}: expected [op entity attribute value]")
+        kind_kw, e, a, v = op
+        sign = _OPS.get(str.__str__(kind_kw) if isinstance(kind_kw, str) else None)
+        if sign is None:
+            raise TransactionError(f"{where}: unknown operation {kind_kw!r}; use :db/add or :db/retract")
+        ok, e_norm = coerce_value(e, "ref")
+        if not ok:
+            raise TransactionError(f"{where}: entity id must be a 64-bit integer, got {e!r}")
+        try:
+            attribute = schema.get(a)
+        except UnknownAttributeError as exc:
+            raise UnknownAttributeError(f"{where}: {exc}") from None
+        ok, value = coerce_value(v, attribute.value_type)
+        if not ok:
+            raise TransactionError(
+                f"{where}: {v!r} ({python_type_name(v)}) is not a valid {attribute.value_type} value for {attribute.name}"
+            )
+        touched[attribute.id] = attribute
+        a_ids.append(attribute.id)
+        entities.append(e_norm)
+        signs.append(sign)
+        for kind in Kind:
+            values[kind].append(value if kind is attribute.kind else None)
+    frame = _wide_pandas(a_ids, entities, signs, values)
+    return PreparedTransaction(_spark_frame(spark, frame), list(touched.values()), len(frame),
+                               len(frame) <= local_limit, _entities_by_attribute(frame))
+
+
+def _entities_by_attribute(frame: pd.DataFrame) -> dict[int, list[int]]:
+    """The distinct entity ids each attribute's operations touch."""
+    return {int(a): group.unique().tolist() for a, group in frame.groupby("a")["e"]}
+
+
+def _spark_frame(spark: SparkSession, frame: pd.DataFrame) -> DataFrame:
+    if frame.empty:
+        return spark.createDataFrame([], TX_SCHEMA)
+    frame = frame.copy()
+    frame["vt"] = pd.to_datetime(frame["vt"])
+    return spark.createDataFrame(frame, schema=TX_SCHEMA)
+
+
+def _from_pandas(tx: pd.DataFrame, schema: Schema, spark: SparkSession, local_limit: int) -> PreparedTransaction:
+    missing = {"e", "a", "v"} - set(tx.columns)
+    if missing:
+        raise TransactionError(f"a transaction DataFrame needs columns e, a, v (and optionally added); missing {sorted(missing)}")
+    if tx.empty:
+        return PreparedTransaction(spark.createDataFrame([], TX_SCHEMA), [], 0, True)
+    names = tx["a"].astype(str)
+    attributes: dict[str, Attribute] = {}
+    for name in pd.unique(names):
+        try:
+            attributes[name] = schema.get(name)
+        except (UnknownAttributeError, SchemaError) as exc:
+            raise UnknownAttributeError(f"transaction DataFrame: {exc}") from None
+    if tx["e"].isna().any():
+        raise TransactionError("transaction DataFrame: column e has missing entity ids")
+    try:
+        entities = tx["e"].astype("int64")
+    except (TypeError, ValueError):
+        raise TransactionError("transaction DataFrame: column e must hold integer entity ids") from None
+    if "added" in tx.columns:
+        if tx["added"].isna().any() or tx["added"].dtype != bool:
+            raise TransactionError("transaction DataFrame: column added must be boolean without missing values")
+        signs = np.where(tx["added"].to_numpy(), 1, -1)
+    else:
+        signs = np.ones(len(tx), dtype="int32")
+    wide = pd.DataFrame({"a": names.map(lambda n: attributes[n].id).astype("int32").to_numpy(),
+                         "e": entities.to_numpy(), "op": signs.astype("int32")})
+    for kind in Kind:
+        wide[SLOT[kind]] = pd.Series([None] * len(tx), dtype="object")
+    for name, attribute in attributes.items():
+        mask = (names == name).to_numpy()
+        wide.loc[mask, SLOT[attribute.kind]] = _typed_values(tx["v"][mask], attribute)
+    for kind in (Kind.LONG, Kind.DOUBLE, Kind.BOOLEAN):
+        wide[SLOT[kind]] = wide[SLOT[kind]].astype({Kind.LONG: "Int64", Kind.DOUBLE: "Float64",
+                                                     Kind.BOOLEAN: "boolean"}[kind])
+    return PreparedTransaction(_spark_frame(spark, wide), list(attributes.values()), len(wide),
+                               len(wide) <= local_limit, _entities_by_attribute(wide))
+
+
+def _typed_values(values: pd.Series, attribute: Attribute) -> pd.Series:
+    """Values of one attribute converted to its type; vectorized when the dtype already fits."""
+    kind = attribute.kind
+    dtype = values.dtype
+    fits = (
+        (kind is Kind.LONG and pd.api.types.is_integer_dtype(dtype) and not pd.api.types.is_bool_dtype(dtype))
+        or (kind is Kind.DOUBLE and pd.api.types.is_numeric_dtype(dtype) and not pd.api.types.is_bool_dtype(dtype))
+        or (kind is Kind.BOOLEAN and pd.api.types.is_bool_dtype(dtype))
+        or (kind is Kind.INSTANT and pd.api.types.is_datetime64_any_dtype(dtype))
+    )
+    if fits and not values.isna().any():
+        if kind is Kind.INSTANT:
+            stamps = pd.to_datetime(values)
+            if stamps.dt.tz is not None:
+                stamps = stamps.dt.tz_convert("UTC").dt.tz_localize(None)
+            return stamps.astype(object)
+        if kind is Kind.DOUBLE:
+            return values.astype("float64").astype(object)
+        return values.astype(object)
+    converted = []
+    for v in values.tolist():  # mixed object column: each value must be checked on its own
+        ok, norm = coerce_value(v, attribute.value_type)
+        if not ok:
+            raise TransactionError(
+                f"transaction DataFrame: {v!r} ({python_type_name(v)}) is not a valid "
+                f"{attribute.value_type} value for {attribute.name}"
+            )
+        converted.append(norm)
+    return pd.Series(converted, index=values.index, dtype=object)
+
+
+def _from_spark(tx: DataFrame, schema: Schema, spark: SparkSession) -> PreparedTransaction:
+    missing = {"e", "a", "v"} - set(tx.columns)
+    if missing:
+        raise TransactionError(f"a transaction DataFrame needs columns e, a, v (and optionally added); missing {sorted(missing)}")
+    spark.sparkContext.setJobDescription("transaction: attributes of bulk input")
+    names = [r[0] for r in tx.select(F.col("a").cast("string")).distinct().collect()]
+    attributes = []
+    for name in names:
+        if name is None:
+            raise TransactionError("transaction DataFrame: column a has missing attribute names")
+        try:
+            attributes.append(schema.get(name))
+        except (UnknownAttributeError, SchemaError) as exc:
+            raise UnknownAttributeError(f"transaction DataFrame: {exc}") from None
+    added = F.col("added") if "added" in tx.columns else F.lit(True)
+    name_col = F.col("a").cast("string")
+    a_id = reduce(lambda acc, at: acc.when(name_col == str(at.name), F.lit(at.id)),
+                  attributes[1:], F.when(name_col == str(attributes[0].name), F.lit(attributes[0].id))) \
+        if attributes else F.lit(-1)
+    exprs = [a_id.cast("int").alias("a"), F.col("e").cast("long").alias("e"),
+             F.when(added.isNull(), F.lit(None)).when(added, F.lit(1)).otherwise(F.lit(-1)).cast("int").alias("op")]
+    v = F.col("v")
+    source_type = tx.schema["v"].dataType
+    for kind in Kind:
+        ids = [at.id for at in attributes if at.kind is kind]
+        target = spark_type(kind)
+        typed = F.expr(f"try_cast(v AS {target.simpleString()})") if source_type != target else v
+        if kind is Kind.LONG and isinstance(source_type, (T.DoubleType, T.FloatType, T.DecimalType)):
+            typed = F.when(typed.cast(source_type) == v, typed)
+        mine = a_id.isin(ids) if ids else F.lit(False)
+        exprs.append(F.when(mine, typed).cast(target).alias(SLOT[kind]))
+    checked = tx.select(*exprs, v.isNull().alias("_v_null"), F.col("e").isNull().alias("_e_null"),
+                        added.isNull().alias("_added_null"), v.cast("string").alias("_v_text"))
+    return PreparedTransaction(checked, attributes, None, False)
+
+
+def _show(op: Any) -> str:
+    try:
+        return edn.write(op) if isinstance(op, (list, tuple)) else repr(op)
+    except Exception:  # pragma: no cover - only for messages
+        return repr(op)
+
+
+# ------------------------------------------------------------------ effective changes
+
+def _text(expr: str) -> str:
+    return f"coalesce(CAST({expr} AS STRING), 'nil')"
+
+
+def _input_errors(tx_view: str) -> str:
+    """Error rows ``(a, e, err)`` for bulk (Spark) input: missing cells and values of the wrong type."""
+    value_missing = "coalesce(" + ", ".join(f"CAST(`{SLOT[k]}` AS STRING)" for k in Kind) + ") IS NULL"
+    message = ("CASE WHEN `_e_null` THEN 'missing entity id' "
+               "WHEN `_added_null` THEN 'missing value in column added' "
+               "WHEN `_v_null` THEN concat('entity ', CAST(`e` AS STRING), ': missing value') "
+               f"WHEN {value_missing} THEN concat('entity ', CAST(`e` AS STRING), ': value ', `_v_text`, "
+               "' has the wrong type for the attribute') END")
+    return f"SELECT * FROM (SELECT `a`, `e`, {message} AS `{ERR}` FROM {tx_view}) WHERE `{ERR}` IS NOT NULL"
+
+
+def _current_filter(tx_view: str, attribute: Attribute, entities: list[int] | None) -> str:
+    """Restrict an attribute's current state to the entities the transaction touches."""
+    if entities is not None and len(entities) <= _IN_LIST_LIMIT:
+        if not entities:
+            return "WHERE FALSE"
+        return f"WHERE c.`e` IN ({', '.join(f'{int(e)}L' for e in sorted(set(entities)))})"
+    return (f"LEFT SEMI JOIN (SELECT DISTINCT `e` FROM {tx_view} WHERE `a` = {attribute.id}) k "
+            f"ON c.`e` = k.`e`")
+
+
+def _attribute_changes(sql: Statement, tx_view: str, attribute: Attribute, current: str,
+                       entities: list[int] | None) -> str:
+    """Effective changes and errors ``(e, v, _diff, err)`` of one attribute.
+
+    One aggregation over the transaction's rows and the current state of the entities it
+    touches sums, per fact, how often it is asserted and retracted and its current count;
+    for cardinality-one attributes a window over each entity tells whether it is given a
+    new value (which displaces the present one) or several (an error).
+    """
+    name = str(attribute.name).replace("'", "")
+    slot = SLOT[attribute.kind]
+    rows = (
+        f"SELECT `e`, `{slot}` AS `v`, CAST(`op` = 1 AS BIGINT) AS `n_add`, CAST(`op` = -1 AS BIGINT) AS `n_ret`, "
+        f"0L AS `cur` FROM {tx_view} WHERE `a` = {attribute.id} AND `e` IS NOT NULL AND `{slot}` IS NOT NULL "
+        f"UNION ALL SELECT c.`e`, c.`v`, 0L, 0L, c.`{DIFF}` FROM {current} c {_current_filter(tx_view, attribute, entities)}"
+    )
+    facts = (f"SELECT `e`, `v`, SUM(`n_add`) AS `n_add`, SUM(`n_ret`) AS `n_ret`, SUM(`cur`) AS `cur` "
+             f"FROM ({rows}) GROUP BY `e`, `v`")
+    both = (f"WHEN `n_add` > 0 AND `n_ret` > 0 THEN concat('{name}: entity ', CAST(`e` AS STRING), ' value ', "
+            f"{_text('`v`')}, ' is both asserted and retracted in one transaction')")
+    if attribute.semantics == "one":
+        window = "OVER (PARTITION BY `e`)"
+        facts = (f"SELECT *, SUM(CAST(`n_add` > 0 AS BIGINT)) {window} AS `entity_adds`, "
+                 f"collect_list(CASE WHEN `n_add` > 0 THEN {_text('`v`')} END) {window} AS `added_values` "
+                 f"FROM ({facts})")
+        diff = ("CASE WHEN `n_add` > 0 AND `cur` <= 0 THEN 1 "
+                "WHEN `cur` > 0 AND (`n_ret` > 0 OR (`entity_adds` > 0 AND `n_add` = 0)) THEN -1 ELSE 0 END")
+        err = (f"CASE {both} WHEN `n_add` > 0 AND `entity_adds` > 1 THEN concat('{name} has cardinality one, "
+               f"but entity ', CAST(`e` AS STRING), ' is given several values in one transaction: ', "
+               f"concat_ws(', ', array_sort(`added_values`))) END")
+    elif attribute.semantics == "raw":
+        diff = "`n_add` - least(`n_ret`, greatest(`cur`, 0))"
+        err = f"CASE {both} END"
+    else:
+        diff = "CASE WHEN `n_add` > 0 AND `cur` <= 0 THEN 1 WHEN `n_ret` > 0 AND `cur` > 0 THEN -1 ELSE 0 END"
+        err = f"CASE {both} END"
+    decided = f"SELECT `e`, `v`, CAST({diff} AS BIGINT) AS `{DIFF}`, {err} AS `{ERR}` FROM ({facts})"
+    return sql.define(f"SELECT * FROM ({decided}) WHERE `{DIFF}` <> 0 OR `{ERR}` IS NOT NULL")
+
+
+def effective_changes(tx_view: str, tx: PreparedTransaction, current: dict[int, str]) -> str | None:
+    """SQL of one wide relation with every attribute's effective changes and every error found.
+
+    ``tx_view`` names the registered transaction frame; ``current`` maps attribute ids to
+    their forward index as of the previous epoch. Columns: ``a, e, <value slots>, _diff,
+    err`` (``err`` is NULL on change rows, and the only non-NULL value column is the one
+    of the attribute's kind).
+    """
+    sql = Statement()
+    parts = []
+    if tx.rows is None:
+        errors = _input_errors(tx_view)
+        slots = [f"CAST(NULL AS {sql_type(k)}) AS `{SLOT[k]}`" for k in Kind]
+        parts.append(f"SELECT `a`, `e`, {', '.join(slots)}, 0L AS `{DIFF}`, `{ERR}` FROM ({errors})")
+    for attribute in tx.attributes:
+        entities = tx.entities.get(attribute.id) if tx.entities is not None else None
+        changes = _attribute_changes(sql, tx_view, attribute, current[attribute.id], entities)
+        slots = [f"CAST({'`v`' if k is attribute.kind else 'NULL'} AS {sql_type(k)}) AS `{SLOT[k]}`" for k in Kind]
+        parts.append(f"SELECT CAST({attribute.id} AS INT) AS `a`, `e`, {', '.join(slots)}, `{DIFF}`, `{ERR}` "
+                     f"FROM {changes}")
+    if not parts:
+        return None
+    return sql.render(" UNION ALL ".join(f"({p})" for p in parts))
+
+
+def format_errors(messages: list[str], total: int) -> str:
+    """The text of a rejected transaction's error."""
+    head = "; ".join(messages[:_MAX_ERRORS])
+    more = f" (and {total - _MAX_ERRORS} more)" if total > _MAX_ERRORS else ""
+    return f"transaction rejected: {head}{more}"

@@ -1,0 +1,288 @@
+"""Planning one conjunction of clauses (a query's ``:where`` or a rule body) into operators.
+
+The clauses of a conjunction are of three sorts: *relations* that bind variables
+(data patterns, rule calls, literal collections, query inputs), *filters* (predicates)
+and *binders* (function expressions). Filters and binders are applied as soon as the
+variables they read are bound, on a single relation before it is joined when possible.
+
+This module implements the join-at-a-time (``binary``) strategy: relations are joined in
+clause order (inputs first, as Datomic binds them before ``:where``); every intermediate
+result that is joined again is arranged privately on the next join key.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from factflow.dataflow import expressions as X
+from factflow.dataflow.zset import ident, literal
+from factflow.dataflow.nodes import (
+    Arranged, Bind, Distinct, Filter, Join, Node, Rename, Scan, Static, Union,
+)
+from factflow.errors import QueryError
+from factflow.lang.ast import (
+    BindScalar, Blank, Clause, Const, FnCall, Not, Or, Pattern, Predicate, RuleCall, Var, show, term_vars,
+)
+from factflow.model.types import Kind, coerce_value, kind_of_python_value
+from factflow.planner.context import PlanContext
+from factflow.planner.relations import binding_rows, static_relation
+
+__all__ = ["Scope", "plan_conjunction", "pattern_kinds"]
+
+
+class Scope:
+    """The variables of one conjunction and the columns that carry them."""
+
+    def __init__(self, pc: PlanContext):
+        self.pc = pc
+        self._columns: dict[Var, str] = {}
+
+    def col(self, var: Var) -> str:
+        """The column of ``var`` (allocated on first use)."""
+        if var not in self._columns:
+            self._columns[var] = self.pc.column(var.name)
+        return self._columns[var]
+
+    def var_of(self, column: str) -> Var | None:
+        """The variable a column carries, if any."""
+        for v, c in self._columns.items():
+            if c == column:
+                return v
+        return None
+
+    @property
+    def columns(self) -> dict[Var, str]:
+        """Variables allocated so far, with their columns."""
+        return dict(self._columns)
+
+
+def pattern_kinds(clauses: Sequence[Clause], pc: PlanContext) -> dict[Var, Kind]:
+    """Kinds that data patterns give variables; conflicting uses are errors naming both clauses."""
+    kinds: dict[Var, tuple[Kind, Clause]] = {}
+
+    def note(var, kind, clause):
+        if not isinstance(var, Var):
+            return
+        if var in kinds and kinds[var][0] != kind:
+            other_kind, other = kinds[var]
+            raise QueryError(
+                f"{var} is a {other_kind.value} in {show(other)} but a {kind.value} in {show(clause)}"
+            )
+        kinds.setdefault(var, (kind, clause))
+
+    for c in clauses:
+        if isinstance(c, Pattern):
+            attribute = pc.attribute(c.a, show(c))
+            note(c.e, Kind.LONG, c)
+            note(c.v, attribute.kind, c)
+    return {v: k for v, (k, _) in kinds.items()}
+
+
+class _Conjunction:
+    """Builds the operator chain of one conjunction."""
+
+    def __init__(self, clauses: Sequence[Clause], sources: Sequence[Node], scope: Scope,
+                 pc: PlanContext, stack: tuple[str, ...]):
+        self.scope = scope
+        self.pc = pc
+        self.stack = stack
+        self.expected = pattern_kinds(clauses, pc)
+        self.sources = list(sources)
+        self.relations: list[Clause] = []
+        self.pending: list[Clause] = []
+        for c in clauses:
+            if isinstance(c, (Not, Or)):
+                raise QueryError(f"{show(c)}: negation and disjunction are not supported yet")
+            if isinstance(c, Predicate):
+                self.pending.append(c)
+            elif isinstance(c, FnCall) and X.canonical_name(c.fn) != "ground":
+                self.pending.append(c)
+            else:
+                self.relations.append(c)
+
+    # ------------------------------------------------------------ chain
+    def plan(self) -> Node:
+        left: Node | None = None
+        left_is_shared = True
+        items: list[Node | Clause] = [*self.sources, *self.relations]
+        for item in items:
+            bound = set(left.names) if left is not None else set()
+            node = item if isinstance(item, Node) else self.relation(item, bound)
+            node = self.apply_ready(node)
+            if left is None:
+                left, left_is_shared = node, True
+                continue
+            on = [n for n in left.names if n in node.names]
+            self.check_join_kinds(left, node, on, item)
+            if not left_is_shared:
+                key = tuple(on) if on else tuple(left.names)
+                trace = self.pc.private_trace(f"join state by {', '.join(key)}", left.columns, key, "intermediate")
+                left = Arranged(left, trace, self.pc.name)
+            left = self.apply_ready(Join(left, node))
+            left_is_shared = False
+        if left is None:
+            if self.pending:
+                self.fail_unbound(self.pending[0], set())
+            raise QueryError("the query has no clause that binds a variable")
+        if self.pending:
+            self.fail_unbound(self.pending[0], set(left.names))
+        return left
+
+    def check_join_kinds(self, left: Node, right: Node, on: list[str], item) -> None:
+        for col in on:
+            a, b = left.kind_of(col), right.kind_of(col)
+            if a != b:
+                var = self.scope.var_of(col)
+                raise QueryError(f"{var} is a {a.value} but {_describe(item)} uses it as a {b.value}")
+
+    def fail_unbound(self, clause: Clause, bound_cols: set[str]) -> None:
+        args = clause.args
+        for v in term_vars(args):
+            if self.scope.col(v) not in bound_cols:
+                raise QueryError(f"{show(clause)} uses {v}, which no clause binds")
+        raise QueryError(f"{show(clause)} cannot be evaluated")
+
+    # ------------------------------------------------------------ filters and binders
+    def apply_ready(self, node: Node) -> Node:
+        progress = True
+        while progress:
+            progress = False
+            for clause in list(self.pending):
+                names = set(node.names)
+                if not all(self.scope.col(v) in names for v in term_vars(clause.args)):
+                    continue
+                self.pending.remove(clause)
+                node = self.filter(node, clause) if isinstance(clause, Predicate) else self.bind(node, clause)
+                progress = True
+        return node
+
+    def argument(self, node: Node, term, clause) -> tuple:
+        if isinstance(term, Var):
+            col = self.scope.col(term)
+            return ident(col), node.kind_of(col)
+        if isinstance(term, Blank):
+            raise QueryError(f"'_' cannot be a function or predicate argument in {show(clause)}")
+        kind = kind_of_python_value(term.value)
+        if kind is None:
+            raise QueryError(f"unsupported constant {term} in {show(clause)}")
+        return literal(term.value, kind), kind
+
+    def filter(self, node: Node, clause: Predicate) -> Node:
+        args = [self.argument(node, t, clause) for t in clause.args]
+        X.check_predicate(clause.fn, [k for _, k in args], show(clause))
+        return Filter(node, X.predicate_sql(clause.fn, [c for c, _ in args]), show(clause))
+
+    def bind(self, node: Node, clause: FnCall) -> Node:
+        if not isinstance(clause.binding, BindScalar):
+            raise QueryError(f"{show(clause)}: {clause.fn} returns one value; bind it to a variable like ?x")
+        args = [self.argument(node, t, clause) for t in clause.args]
+        kinds = [k for _, k in args]
+        kind = X.function_kind(clause.fn, kinds, show(clause))
+        target = self.scope.col(clause.binding.var)
+        if target in node.names and node.kind_of(target) != kind:
+            raise QueryError(f"{show(clause)} yields a {kind.value} but {clause.binding.var} is a {node.kind_of(target).value}")
+        value = X.function_sql(clause.fn, [c for c, _ in args], kinds)
+        return Bind(node, target, kind, value, show(clause))
+
+    # ------------------------------------------------------------ relations
+    def relation(self, clause: Clause, bound: set[str]) -> Node:
+        if isinstance(clause, Pattern):
+            return self.pattern(clause, bound)
+        if isinstance(clause, RuleCall):
+            return self.rule_call(clause)
+        return self.ground(clause)
+
+    def pattern(self, clause: Pattern, bound: set[str]) -> Scan:
+        where = show(clause)
+        attribute = self.pc.attribute(clause.a, where)
+        e_col = self.scope.col(clause.e) if isinstance(clause.e, Var) else None
+        v_col = self.scope.col(clause.v) if isinstance(clause.v, Var) else None
+        e_const = clause.e.value if isinstance(clause.e, Const) else None
+        v_const = None
+        if isinstance(clause.v, Const):
+            ok, v_const = coerce_value(clause.v.value, attribute.value_type)
+            if not ok:
+                raise QueryError(f"{where}: {clause.v} is not a valid {attribute.value_type} value of {attribute.name}")
+        if e_col is not None and e_col in bound:
+            face = "forward"
+        elif v_col is not None and v_col in bound:
+            face = "reverse"
+        elif v_const is not None and e_const is None:
+            face = "reverse"
+        else:
+            face = "forward"
+        handle = self.pc.handle(attribute, face)
+        return Scan(handle, str(attribute.name), face, attribute.kind, e_col, e_const, v_col, v_const, where)
+
+    def ground(self, clause: FnCall) -> Node:
+        where = show(clause)
+        if len(clause.args) != 1 or not isinstance(clause.args[0], Const):
+            raise QueryError(f"{where}: ground takes one constant (a value or a literal collection)")
+        elements, rows = binding_rows(clause.binding, clause.args[0].value, where)
+        for e in elements:
+            if isinstance(e, Var):
+                self.scope.col(e)
+        return static_relation(self.pc, elements, rows, self.expected, self.scope.columns, where)
+
+    def rule_call(self, clause: RuleCall) -> Node:
+        where = show(clause)
+        relation, kinds = rule_relation(clause.name, self.pc, self.stack, where)
+        if len(clause.args) != len(relation.columns):
+            raise QueryError(f"{where}: rule {clause.name} takes {len(relation.columns)} arguments, got {len(clause.args)}")
+        node: Node = relation
+        mapping: dict[str, str] = {}
+        first: dict[Var, str] = {}
+        for (col, kind), term in zip(relation.columns, clause.args):
+            if isinstance(term, Var):
+                if term in first:
+                    node = Filter(node, f"{ident(first[term])} = {ident(col)}", f"{where}: repeated {term}")
+                    continue
+                first[term] = col
+                mapping[col] = self.scope.col(term)
+            elif isinstance(term, Const):
+                ckind = kind_of_python_value(term.value)
+                if ckind is None or not (ckind == kind or (ckind.numeric and kind.numeric)):
+                    raise QueryError(f"{where}: {term} does not match the rule's {kind.value} argument")
+                node = Filter(node, f"{ident(col)} = {literal(term.value, ckind)}", f"{where}: {term}")
+        return Rename(node, mapping)
+
+
+def _describe(item) -> str:
+    return show(item) if not isinstance(item, Node) else item.describe()
+
+
+def rule_relation(name: str, pc: PlanContext, stack: tuple[str, ...], where: str) -> tuple[Node, list[Kind]]:
+    """The (set) relation a rule defines, over positional columns, synthesized once per query."""
+    cache = pc.rule_relations
+    if name in cache:
+        return cache[name]
+    if name in stack:
+        cycle = " -> ".join(stack[stack.index(name):] + (name,))
+        raise QueryError(f"recursive rules are not supported yet: {cycle}")
+    bodies = pc.rules.bodies(name, where)
+    columns = [pc.column(f"{name}_{i}") for i in range(len(bodies[0].head))]
+    parts: list[Node] = []
+    kinds: list[Kind] | None = None
+    for body in bodies:
+        scope = Scope(pc)
+        node = plan_conjunction(body.body, [], scope, pc, stack + (name,))
+        for v in body.head:
+            if scope.col(v) not in node.names:
+                raise QueryError(f"rule {name}: head variable {v} is not bound by {show(body)}")
+        part = Rename(node, {scope.col(v): c for v, c in zip(body.head, columns)})
+        body_kinds = [k for _, k in part.columns]
+        if kinds is not None and body_kinds != kinds:
+            raise QueryError(f"rule {name}: its bodies bind arguments of different types")
+        kinds = body_kinds
+        parts.append(part)
+    union = parts[0] if len(parts) == 1 else Union(parts)
+    trace = pc.private_trace(f"rule {name}", union.columns, tuple(columns), "intermediate")
+    relation = Distinct(union, trace, pc.name)
+    cache[name] = (relation, kinds)
+    return relation, kinds
+
+
+def plan_conjunction(clauses: Sequence[Clause], sources: Sequence[Node], scope: Scope,
+                     pc: PlanContext, stack: tuple[str, ...] = ()) -> Node:
+    """Operators computing every binding of ``clauses`` (joined with ``sources``)."""
+    return _Conjunction(clauses, sources, scope, pc, stack).plan()

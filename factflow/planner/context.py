@@ -1,0 +1,88 @@
+"""State shared while one query is synthesized: schema, arrangements, rules, and what it creates."""
+
+from __future__ import annotations
+
+import re
+from typing import Callable
+
+from pyspark.sql import SparkSession
+
+from factflow.arrangement.attribute import AttributeArrangement
+from factflow.arrangement.batch import Layout, drop_view, register_view
+from factflow.arrangement.trace import MergePolicy, Trace, TraceHandle
+from factflow.edn import Keyword
+from factflow.lang.rules import RuleStore
+from factflow.model.schema import Attribute, Schema
+from factflow.model.types import Kind
+
+__all__ = ["PlanContext"]
+
+
+class PlanContext:
+    """Everything the planner needs about the engine, and a record of what it allocates.
+
+    Handles and private traces created while planning are recorded so that a failed
+    synthesis can release them (nothing of a rejected query remains) and a closed query
+    can release exactly what it holds.
+    """
+
+    def __init__(self, spark: SparkSession, schema: Schema,
+                 arrangement: Callable[[Attribute], AttributeArrangement], rules: RuleStore,
+                 name: str, epoch: int, policy: MergePolicy, semantics: str):
+        self.spark = spark
+        self.schema = schema
+        self._arrangement = arrangement
+        self.rules = rules
+        self.name = name
+        self.epoch = epoch
+        self.policy = policy
+        self.semantics = semantics
+        self.handles: list[TraceHandle] = []
+        self.traces: list[tuple[Trace, str]] = []
+        self.attributes: set[Keyword] = set()
+        self.rule_relations: dict[str, tuple] = {}
+        self.views: list[str] = []
+        self._columns = 0
+
+    def attribute(self, name: Keyword, where: str) -> Attribute:
+        """Look up an attribute used by a clause."""
+        return self.schema.get(name, context=f"{where}: ")
+
+    def handle(self, attribute: Attribute, face: str) -> TraceHandle:
+        """A handle on one face of a shared attribute arrangement, at the install epoch."""
+        trace = self._arrangement(attribute).index(face)
+        h = trace.handle(self.epoch, self.name)
+        self.handles.append(h)
+        self.attributes.add(attribute.name)
+        return h
+
+    def private_trace(self, label: str, columns: tuple[tuple[str, Kind], ...], key: tuple[str, ...],
+                      role: str) -> Trace:
+        """A trace private to this query (its intermediate state or its result)."""
+        trace = Trace(self.spark, f"{self.name}: {label}", Layout(columns, key), self.policy, self.epoch)
+        self.traces.append((trace, role))
+        return trace
+
+    def view(self, frame) -> str:
+        """Register a constant frame of this query as a temp view (dropped on release)."""
+        name = register_view(frame, prefix="ff_s")
+        self.views.append(name)
+        return name
+
+    def column(self, hint: str) -> str:
+        """A fresh, Spark-safe column name that mentions ``hint`` (a variable name)."""
+        self._columns += 1
+        clean = re.sub(r"[^A-Za-z0-9]", "_", hint.lstrip("?")).strip("_")[:24] or "x"
+        return f"c{self._columns}_{clean}"
+
+    def release(self) -> None:
+        """Release every handle and private trace created so far."""
+        for h in self.handles:
+            h.release()
+        for trace, _ in self.traces:
+            trace.close()
+        for name in self.views:
+            drop_view(self.spark, name)
+        self.handles = []
+        self.traces = []
+        self.views = []

@@ -1,0 +1,181 @@
+"""Synthesis of a query into a dataflow: inputs, body, projection onto ``:find``, result state.
+
+``synthesize`` is what ``interest`` does: it resolves the rules the query depends on,
+plans its body for the chosen join strategy and ends the dataflow in a *result* operator
+that keeps the query's current result in a private trace (derivation counts under set
+semantics, so each tuple is reported once; plain multiplicities under multiset).
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Sequence
+
+from factflow.dataflow.nodes import Arranged, Distinct, Node, Project, Stateful, Static
+from factflow.errors import QueryError
+from factflow.lang.ast import (
+    Aggregate, BindScalar, Blank, Const, FindVar, FnCall, Pattern, Query, Var, binding_vars, show, term_vars,
+)
+from factflow.planner.conjunction import Scope, pattern_kinds, plan_conjunction
+from factflow.planner.context import PlanContext
+from factflow.planner.relations import binding_rows, static_relation
+
+__all__ = ["Dataflow", "synthesize", "STRATEGIES"]
+
+STRATEGIES = ("auto", "binary", "delta", "wco")
+
+
+class Dataflow:
+    """A synthesized query: its operators, the state they hold, and its result operator."""
+
+    def __init__(self, pc: PlanContext, result: Stateful, find: list[tuple[Var, str]], strategy: str,
+                 requested: str):
+        self.pc = pc
+        self.name = pc.name
+        self.result = result
+        self.find = find
+        self.strategy = strategy
+        self.requested_strategy = requested
+        self.semantics = pc.semantics
+        self.nodes: list[Node] = result.walk()
+        self.stateful: list[Stateful] = [n for n in self.nodes if isinstance(n, Stateful)]
+        self.attributes = set(pc.attributes)
+
+    @property
+    def report_columns(self) -> list[str]:
+        """Result columns in :find order."""
+        return [col for _, col in self.find]
+
+    def tuples(self, role: str) -> int:
+        """Rows held in this query's private traces of ``role`` ('intermediate' or 'result')."""
+        return sum(t.tuples for t, r in self.pc.traces if r == role)
+
+    def private_traces(self):
+        """(trace, role) pairs private to this query."""
+        return list(self.pc.traces)
+
+    def handles(self):
+        """Every trace handle the query holds."""
+        return list(self.pc.handles)
+
+    def explain(self) -> str:
+        """A readable description of the plan."""
+        lines = [
+            f"query {self.name}",
+            f"  strategy: {self.strategy}" + (f" (requested {self.requested_strategy})"
+                                                if self.requested_strategy != self.strategy else ""),
+            f"  semantics: {self.semantics}",
+            f"  find: {' '.join(str(v) for v, _ in self.find)}",
+            "  plan:",
+        ]
+        seen: set[int] = set()
+
+        def render(node: Node, depth: int) -> None:
+            pad = "    " + "  " * depth
+            if id(node) in seen:
+                lines.append(f"{pad}(shared) {node.describe()}")
+                return
+            seen.add(id(node))
+            cols = ", ".join(f"{n}:{k.value}" for n, k in node.columns)
+            lines.append(f"{pad}{node.describe()}  [{cols}]")
+            for child in node.inputs():
+                render(child, depth + 1)
+
+        render(self.result, 0)
+        return "\n".join(lines)
+
+    def close(self) -> None:
+        """Release every handle and private trace."""
+        self.pc.release()
+
+
+def _bind_inputs(query: Query, inputs: Sequence[Any], scope: Scope, pc: PlanContext) -> list[Static]:
+    bindings = query.binding_inputs
+    if len(inputs) != len(bindings):
+        raise QueryError(f"the query's :in expects {len(bindings)} input(s) after $, but {len(inputs)} were given")
+    expected = pattern_kinds(query.where, pc)
+    sources = []
+    for i, (inp, value) in enumerate(zip(bindings, inputs)):
+        where = f"input {i + 1} of :in"
+        elements, rows = binding_rows(inp.binding, value, where)
+        for e in elements:
+            if isinstance(e, Var):
+                scope.col(e)
+        sources.append(static_relation(pc, elements, rows, expected, scope.columns, where))
+    return sources
+
+
+def _unique_derivations(query: Query, pc: PlanContext, output: list[Var]) -> bool:
+    """Whether every derivation yields a distinct output tuple, so no Distinct is needed.
+
+    True when every relation is a set (attributes with set or one semantics, inputs) and the
+    output variables functionally determine every variable and every blank of the body:
+    a function's result is determined by its arguments, and the value of a
+    cardinality-one attribute by its entity.
+    """
+    clauses = query.where
+    if any(not isinstance(c, (Pattern, FnCall)) for c in clauses):
+        return False
+    if any(isinstance(c, FnCall) and not isinstance(c.binding, BindScalar) for c in clauses):
+        return False
+    patterns = [(c, pc.attribute(c.a, show(c))) for c in clauses if isinstance(c, Pattern)]
+    if any(not attribute.is_set or isinstance(c.e, Blank) for c, attribute in patterns):
+        return False
+    input_vars = {v for i in query.binding_inputs for v in binding_vars(i.binding)}
+    known = set(output)
+    if not input_vars <= known:
+        return False
+    changed = True
+    while changed:
+        changed = False
+        for c in clauses:
+            if isinstance(c, FnCall) and set(term_vars(c.args)) <= known and c.binding.var not in known:
+                known.add(c.binding.var)
+                changed = True
+        for c, attribute in patterns:
+            determined = isinstance(c.e, Const) or c.e in known
+            if attribute.semantics == "one" and determined and isinstance(c.v, Var) and c.v not in known:
+                known.add(c.v)
+                changed = True
+    for c, attribute in patterns:
+        if isinstance(c.e, Var) and c.e not in known:
+            return False
+        if isinstance(c.v, Var) and c.v not in known:
+            return False
+        if isinstance(c.v, Blank) and attribute.semantics != "one":
+            return False
+    return True
+
+
+def synthesize(query: Query, inputs: Sequence[Any], pc: PlanContext, join: str) -> Dataflow:
+    """Build the dataflow of ``query`` as of ``pc.epoch`` with join strategy ``join``."""
+    if join not in STRATEGIES:
+        raise QueryError(f"unknown join strategy {join!r}; use one of {', '.join(STRATEGIES)}")
+    strategy = "binary"
+    if join in ("delta", "wco"):
+        warnings.warn(f"join={join!r} is not implemented yet; using join-at-a-time ('binary') plans",
+                      stacklevel=3)
+    if query.find.kind != "rel":
+        raise QueryError("only relation find specs (:find ?a ?b) are supported yet")
+    for element in query.find.elements:
+        if isinstance(element, Aggregate):
+            raise QueryError(f"aggregates are not supported yet: {element}")
+    scope = Scope(pc)
+    sources = _bind_inputs(query, inputs, scope, pc)
+    root = plan_conjunction(query.where, sources, scope, pc)
+    find_vars = [e.var for e in query.find.elements if isinstance(e, FindVar)]
+    if len(set(find_vars)) != len(find_vars):
+        raise QueryError(":find names a variable twice")
+    output = list(dict.fromkeys(find_vars + list(query.with_vars)))
+    for v in output:
+        if scope.col(v) not in root.names:
+            raise QueryError(f"{v} in :find{'/:with' if v in query.with_vars else ''} is not bound by any clause")
+    columns = [scope.col(v) for v in output]
+    projected = Project(root, columns)
+    trace = pc.private_trace("result", projected.columns, tuple(columns), "result")
+    needs_distinct = pc.semantics == "set" and not _unique_derivations(query, pc, output)
+    result: Stateful = (Distinct(projected, trace, pc.name, role="result") if needs_distinct
+                        else Arranged(projected, trace, pc.name))
+    result.role = "result"
+    find = [(v, scope.col(v)) for v in find_vars]
+    return Dataflow(pc, result, find, strategy, join)

@@ -88,7 +88,7 @@ class Trace:
         self.layout = layout
         self.policy = policy
         self.upper = upper
-        self.since = 0
+        self.since = upper - 1  # a new trace holds nothing, so every time from now on is readable
         self.batches: list[Batch] = []
         self._handles: set[TraceHandle] = set()
         self.merges = 0

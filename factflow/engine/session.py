@@ -64,4 +64,13 @@ def create_session(master: str | None = None, app_name: str = "factflow",
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel(log_level)
+    _quiet_query_context_loggers(session)
     return session
+
+
+def _quiet_query_context_loggers(session: SparkSession) -> None:
+    """Silence Spark's loggers that print every analysis error factflow catches and reports itself."""
+    jvm = session.sparkContext._jvm
+    level = jvm.org.apache.logging.log4j.Level.OFF
+    for name in ("SQLQueryContextLogger", "DataFrameQueryContextLogger"):
+        jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(name, level)

@@ -23,6 +23,7 @@ from typing import Any, Iterable
 
 import numpy as np
 import pandas as pd
+from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -234,11 +235,19 @@ def _from_spark(tx: DataFrame, schema: Schema, spark: SparkSession) -> PreparedT
     for kind in Kind:
         ids = [at.id for at in attributes if at.kind is kind]
         target = spark_type(kind)
+        if not ids:
+            exprs.append(F.lit(None).cast(target).alias(SLOT[kind]))
+            continue
         typed = F.expr(f"try_cast(v AS {target.simpleString()})") if source_type != target else v
         if kind is Kind.LONG and isinstance(source_type, (T.DoubleType, T.FloatType, T.DecimalType)):
             typed = F.when(typed.cast(source_type) == v, typed)
-        mine = a_id.isin(ids) if ids else F.lit(False)
-        exprs.append(F.when(mine, typed).cast(target).alias(SLOT[kind]))
+        exprs.append(F.when(a_id.isin(ids), typed).cast(target).alias(SLOT[kind]))
+        try:
+            tx.select(typed)
+        except AnalysisException:
+            names = ", ".join(str(at.name) for at in attributes if at.kind is kind)
+            raise TransactionError(f"transaction DataFrame: column v of type {source_type.simpleString()} "
+                                   f"cannot hold {kind.value} values (for {names})") from None
     checked = tx.select(*exprs, v.isNull().alias("_v_null"), F.col("e").isNull().alias("_e_null"),
                         added.isNull().alias("_added_null"), v.cast("string").alias("_v_text"))
     return PreparedTransaction(checked, attributes, None, False)

@@ -63,7 +63,7 @@ def _term(form: Any, context: str) -> Term:
     if _is_var(form):
         return Var(str.__str__(form))
     if isinstance(form, Symbol):
-        if form == "_":
+        if form == Symbol("_"):
             return Blank()
         raise _err(f"unexpected symbol {form} in {context}; variables start with '?'", form)
     if isinstance(form, (EdnList, EdnVector, dict, frozenset)):

@@ -1,0 +1,329 @@
+"""A brute-force reference implementation of factflow's semantics, for differential tests.
+
+It keeps facts in Python dictionaries and evaluates queries by enumerating bindings
+clause by clause (nested loops), counting derivations. It shares only the parser with
+the engine, so it checks the engine's planning and execution, not its parsing.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+from collections import Counter, defaultdict
+from typing import Any
+
+from factflow.edn import Keyword
+from factflow.lang.ast import (
+    BindColl, BindRel, BindScalar, BindTuple, Blank, Const, FindVar, FnCall, Not, Or, Pattern, Predicate,
+    Query, RuleCall, Var,
+)
+from factflow.lang.parser import parse_query, parse_rules
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+class OracleError(Exception):
+    """The oracle rejects a transaction (the engine must reject it too)."""
+
+
+class Oracle:
+    """Facts and rules, evaluated naively."""
+
+    def __init__(self) -> None:
+        self.attrs: dict[str, tuple[str, str]] = {}  # name -> (type, semantics)
+        self.facts: dict[str, Counter] = defaultdict(Counter)  # attr -> Counter[(e, v)]
+        self.rules: dict[str, list] = {}
+
+    # ------------------------------------------------------------ data
+    def create_attribute(self, name: str, type: str, semantics: str = "set") -> None:
+        self.attrs[name] = (type, semantics)
+
+    def register(self, text: str) -> None:
+        for rule in parse_rules(text):
+            self.rules.setdefault(rule.name, []).append(rule)
+
+    def transact(self, ops: list) -> None:
+        """Apply a transaction with Datomic's rules, or raise OracleError and change nothing."""
+        adds: dict[str, Counter] = defaultdict(Counter)
+        rets: dict[str, Counter] = defaultdict(Counter)
+        for op, e, a, v in ops:
+            if isinstance(v, float) and self.attrs[a][0] == "double":
+                pass
+            elif self.attrs[a][0] == "double" and isinstance(v, int) and not isinstance(v, bool):
+                v = float(v)
+            (adds if op == ":db/add" else rets)[a][(e, v)] += 1
+        for a in set(adds) | set(rets):
+            if set(adds[a]) & set(rets[a]):
+                raise OracleError(f"{a}: asserted and retracted")
+            if self.attrs[a][1] == "one":
+                per_entity: dict[Any, set] = defaultdict(set)
+                for (e, v) in adds[a]:
+                    per_entity[e].add(v)
+                if any(len(vs) > 1 for vs in per_entity.values()):
+                    raise OracleError(f"{a}: several values")
+        for a in set(adds) | set(rets):
+            semantics = self.attrs[a][1]
+            store = self.facts[a]
+            if semantics == "raw":
+                for fact, n in adds[a].items():
+                    store[fact] += n
+                for fact, m in rets[a].items():
+                    store[fact] -= min(m, store[fact])
+            else:
+                for fact in rets[a]:
+                    store[fact] = 0
+                if semantics == "one":
+                    for (e, v) in adds[a]:
+                        for (e2, v2) in list(store):
+                            if e2 == e and v2 != v:
+                                store[(e2, v2)] = 0
+                for fact in adds[a]:
+                    store[fact] = 1
+            for fact in [f for f, n in store.items() if n == 0]:
+                del store[fact]
+
+    # ------------------------------------------------------------ queries
+    def query(self, text: str, inputs=(), semantics: str = "set") -> Counter:
+        """The result as a Counter of find tuples (multiplicity 1 each under set semantics)."""
+        query = parse_query(text)
+        bindings = [({}, 1)]
+        for inp, value in zip(query.binding_inputs, inputs):
+            rows = _input_rows(inp.binding, value)
+            bindings = [({**b, **r}, m) for b, m in bindings for r in rows]
+        bindings = self._conjunction(query.where, bindings)
+        find = [e.var for e in query.find.elements if isinstance(e, FindVar)]
+        keep = list(dict.fromkeys(find + list(query.with_vars)))
+        full = Counter()
+        for b, m in bindings:
+            full[tuple(b[v] for v in keep)] += m
+        if semantics == "set":
+            full = Counter({k: 1 for k, n in full.items() if n > 0})
+        out = Counter()
+        for k, n in full.items():
+            out[k[: len(find)]] += n
+        return Counter({k: n for k, n in out.items() if n != 0})
+
+    def _conjunction(self, clauses, bindings):
+        pending = list(clauses)
+        while pending:
+            progressed = False
+            for clause in list(pending):
+                if isinstance(clause, (Predicate, FnCall)) and not _ready(clause, bindings):
+                    continue
+                pending.remove(clause)
+                bindings = self._clause(clause, bindings)
+                progressed = True
+                break
+            if not progressed:
+                raise AssertionError(f"oracle cannot evaluate {pending}")
+        return bindings
+
+    def _clause(self, clause, bindings):
+        out = []
+        if isinstance(clause, Pattern):
+            facts = self.facts.get(str.__str__(clause.a), Counter())
+            for b, m in bindings:
+                for (e, v), n in facts.items():
+                    nb = _unify(b, clause.e, e)
+                    if nb is None:
+                        continue
+                    nb = _unify(nb, clause.v, v)
+                    if nb is None:
+                        continue
+                    out.append((nb, m * n))
+            return out
+        if isinstance(clause, Predicate):
+            for b, m in bindings:
+                if _predicate(clause.fn, [_value(b, t) for t in clause.args]):
+                    out.append((b, m))
+            return out
+        if isinstance(clause, FnCall):
+            if clause.fn == "ground":
+                rows = _input_rows(clause.binding, clause.args[0].value)
+                for b, m in bindings:
+                    for r in rows:
+                        nb = b
+                        for k, val in r.items():
+                            nb = _unify(nb, k, val) if nb is not None else None
+                        if nb is not None:
+                            out.append((nb, m))
+                return out
+            for b, m in bindings:
+                result = _function(clause.fn, [_value(b, t) for t in clause.args])
+                if result is None:
+                    continue
+                nb = _unify(b, clause.binding.var, result)
+                if nb is not None:
+                    out.append((nb, m))
+            return out
+        if isinstance(clause, RuleCall):
+            relation = self._rule(clause.name)
+            for b, m in bindings:
+                for row in relation:
+                    nb = b
+                    for term, val in zip(clause.args, row):
+                        nb = _unify(nb, term, val) if nb is not None else None
+                    if nb is not None:
+                        out.append((nb, m))
+            return out
+        raise NotImplementedError(clause)
+
+    def _rule(self, name):
+        """The (set) relation of a rule: from the fixpoint being computed, or a new one."""
+        if self._fixpoint_state is not None:
+            return self._fixpoint_state[name]
+        return self._fixpoint()[name]
+
+    def _fixpoint(self):
+        """Every rule's relation, by naive iteration to a fixed point."""
+        relations = {n: set() for n in self.rules}
+        self._fixpoint_state = relations
+        try:
+            changed = True
+            while changed:
+                changed = False
+                for n, bodies in self.rules.items():
+                    for body in bodies:
+                        for b, _ in self._conjunction(body.body, [({}, 1)]):
+                            row = tuple(b[v] for v in body.head)
+                            if row not in relations[n]:
+                                relations[n].add(row)
+                                changed = True
+        finally:
+            self._fixpoint_state = None
+        return relations
+
+    _fixpoint_state = None
+
+
+def _input_rows(binding, value):
+    if isinstance(binding, BindScalar):
+        return [{binding.var: value}]
+    if isinstance(binding, BindTuple):
+        return [{e: x for e, x in zip(binding.elements, value) if isinstance(e, Var)}]
+    if isinstance(binding, BindColl):
+        return [{binding.var: x} for x in dict.fromkeys(value)]
+    if isinstance(binding, BindRel):
+        rows = dict.fromkeys(tuple(r) for r in value)
+        return [{e: x for e, x in zip(binding.elements, r) if isinstance(e, Var)} for r in rows]
+    raise TypeError(binding)
+
+
+def _unify(binding, term, value):
+    if isinstance(term, Blank):
+        return binding
+    if isinstance(term, Const):
+        return binding if _equal(term.value, value) else None
+    if term in binding:
+        return binding if _equal(binding[term], value) else None
+    return {**binding, term: value}
+
+
+def _equal(a, b):
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is b or (isinstance(a, bool) and isinstance(b, bool) and a == b)
+    return a == b
+
+
+def _value(binding, term):
+    if isinstance(term, Var):
+        return binding[term]
+    return term.value
+
+
+def _ready(clause, bindings):
+    args = clause.args
+    needed = [t for t in args if isinstance(t, Var)]
+    return not bindings or all(v in bindings[0][0] for v in needed)
+
+
+def _predicate(fn, args):
+    fn = {"clojure.string/starts-with?": "starts-with?", "clojure.string/ends-with?": "ends-with?",
+          "clojure.string/includes?": "includes?"}.get(fn, fn)
+    if fn in ("=", "!=", "not=", "<", "<=", ">", ">="):
+        if fn == "=":
+            return all(_equal(a, b) for a, b in zip(args, args[1:]))
+        if fn in ("!=", "not="):
+            return not all(_equal(a, b) for a, b in zip(args, args[1:]))
+        op = {"<": lambda a, b: a < b, "<=": lambda a, b: a <= b, ">": lambda a, b: a > b,
+              ">=": lambda a, b: a >= b}[fn]
+        return all(op(a, b) for a, b in zip(args, args[1:]))
+    x = args[0]
+    return {
+        "zero?": lambda: x == 0, "pos?": lambda: x > 0, "neg?": lambda: x < 0,
+        "even?": lambda: x % 2 == 0, "odd?": lambda: x % 2 == 1,
+        "starts-with?": lambda: x.startswith(args[1]), "ends-with?": lambda: x.endswith(args[1]),
+        "includes?": lambda: args[1] in x,
+    }[fn]()
+
+
+def _long(value):
+    return value if INT64_MIN <= value <= INT64_MAX else None
+
+
+def _function(fn, args):
+    fn = {"clojure.string/upper-case": "upper-case", "clojure.string/lower-case": "lower-case"}.get(fn, fn)
+    doubles = any(isinstance(a, float) for a in args)
+    if fn in ("+", "*", "-"):
+        if fn == "-" and len(args) == 1:
+            return -args[0] if doubles else _long(-args[0])
+        if not args:
+            return 0 if fn == "+" else 1
+        acc = float(args[0]) if doubles else args[0]
+        for a in args[1:]:
+            a = float(a) if doubles else a
+            acc = acc + a if fn == "+" else acc - a if fn == "-" else acc * a
+            if not doubles and _long(acc) is None:
+                return None
+        return acc
+    if fn == "/":
+        vals = [float(a) for a in args]
+        if len(vals) == 1:
+            vals = [1.0] + vals
+        acc = vals[0]
+        for d in vals[1:]:
+            if d == 0:
+                return None
+            acc = acc / d
+        return acc
+    if fn in ("quot", "rem", "mod"):
+        a, b = args
+        if b == 0 or (a == INT64_MIN and b == -1):
+            return None
+        q = abs(a) // abs(b) * (1 if (a >= 0) == (b >= 0) else -1)
+        return {"quot": q, "rem": a - b * q, "mod": a % b}[fn]
+    if fn in ("inc", "dec"):
+        x = args[0] + (1 if fn == "inc" else -1)
+        return x if isinstance(x, float) else _long(x)
+    if fn in ("max", "min"):
+        vals = [float(a) for a in args] if doubles else list(args)
+        return max(vals) if fn == "max" else min(vals)
+    if fn == "identity":
+        return args[0]
+    if fn == "str":
+        return "".join(_text(a) for a in args)
+    if fn == "upper-case":
+        return args[0].upper()
+    if fn == "lower-case":
+        return args[0].lower()
+    if fn == "count":
+        return len(args[0])
+    if fn == "subs":
+        s, start = args[0], args[1]
+        end = args[2] if len(args) == 3 else len(s)
+        if not (0 <= start <= end <= len(s)):
+            return None
+        return s[start:end]
+    raise NotImplementedError(fn)
+
+
+def _text(value):
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        if value == math.floor(value) and abs(value) < 1e7:
+            return f"{value:.1f}"
+        return repr(value)
+    if isinstance(value, _dt.datetime):
+        return value.isoformat()
+    return str(value)

@@ -1,0 +1,256 @@
+"""Engine behaviour through the public API: input semantics, errors, queries, subscriptions, stats."""
+
+import datetime as dt
+import warnings
+
+import pandas as pd
+import pytest
+
+from factflow import (
+    EngineClosedError, FactflowError, QueryError, RuleError, SchemaError, TransactionError, UnknownAttributeError,
+)
+
+
+def add(e, a, v):
+    return [":db/add", e, a, v]
+
+
+def retract(e, a, v):
+    return [":db/retract", e, a, v]
+
+
+def test_cardinality_one_overwrites_and_set_semantics_ignores_repeats(people):
+    q = people.query("[:find ?p ?n :where [?p :person/name ?n]]")
+    people.transact([add(1, ":person/name", "Ann"), add(2, ":person/name", "Bob")])
+    people.transact([add(1, ":person/name", "Anna"), add(2, ":person/name", "Bob")])
+    assert q.results() == {(1, "Anna"): 1, (2, "Bob"): 1}
+    people.transact([retract(2, ":person/name", "Robert")])  # not present: no change
+    people.transact([retract(2, ":person/name", "Bob")])
+    assert q.results() == {(1, "Anna"): 1}
+
+
+def test_raw_attributes_are_multisets(people):
+    q = people.query("[:find ?p ?t :where [?p :person/tag ?t]]", semantics="multiset")
+    people.transact([add(1, ":person/tag", "x"), add(1, ":person/tag", "x"), add(1, ":person/tag", "y")])
+    assert q.results() == {(1, "x"): 2, (1, "y"): 1}
+    people.transact([retract(1, ":person/tag", "x")])
+    assert q.results() == {(1, "x"): 1, (1, "y"): 1}
+    people.transact([retract(1, ":person/tag", "x"), retract(1, ":person/tag", "y")])
+    people.transact([retract(1, ":person/tag", "y")])  # nothing left to retract
+    assert q.results() == {}
+
+
+def test_set_semantics_by_default_and_multiset_on_request(people):
+    people.transact([add(1, ":person/knows", 2), add(1, ":person/knows", 3), add(1, ":person/name", "Ann")])
+    text = "[:find ?n :where [?p :person/name ?n] [?p :person/knows _]]"
+    assert people.query(text).results() == {("Ann",): 1}
+    assert people.query(text, semantics="multiset").results() == {("Ann",): 2}
+
+
+def test_queries_installed_before_during_and_after_the_stream_agree(people):
+    text = "[:find ?a ?b :where [?a :person/knows ?x] [?x :person/knows ?b]]"
+    before = people.query(text, name="before")
+    people.transact([add(1, ":person/knows", 2), add(2, ":person/knows", 3)])
+    during = people.query(text, name="during")
+    people.transact([add(3, ":person/knows", 4), retract(1, ":person/knows", 2)])
+    after = people.query(text, name="after")
+    expected = {(2, 4): 1}
+    assert before.results() == during.results() == after.results() == expected
+
+
+def test_subscriptions_deliver_consolidated_changes_that_add_up(people):
+    q = people.query("[:find ?p ?n :where [?p :person/name ?n]]")
+    seen = []
+    q.subscribe(lambda epoch, changes: seen.append((epoch, sorted(changes))))
+    e1 = people.transact([add(1, ":person/name", "Ann")])
+    e2 = people.transact([add(1, ":person/name", "Anna")])
+    people.transact([add(5, ":person/age", 3)])  # result unchanged: no call
+    assert seen == [(e1, [((1, "Ann"), 1)]), (e2, [((1, "Ann"), -1), ((1, "Anna"), 1)])]
+    total = {}
+    for _, changes in seen:
+        for row, diff in changes:
+            total[row] = total.get(row, 0) + diff
+    assert {k: v for k, v in total.items() if v} == q.results()
+
+
+def test_rejected_transactions_change_nothing(people):
+    q = people.query("[:find ?p ?n :where [?p :person/name ?n]]")
+    people.transact([add(1, ":person/name", "Ann")])
+    epoch = people.epoch
+    stats = people.stats()
+    bad = [
+        ([add(2, ":person/nope", "x")], UnknownAttributeError, ":person/nope"),
+        ([add(2, ":person/age", "old")], TransactionError, "not a valid long"),
+        ([add(2, ":person/age", True)], TransactionError, "not a valid long"),
+        ([add("x", ":person/age", 3)], TransactionError, "entity id"),
+        ([[":db/frob", 2, ":person/age", 3]], TransactionError, ":db/frob"),
+        ([add(2, ":person/name", "A"), add(2, ":person/name", "B")], TransactionError, "cardinality one"),
+        ([add(2, ":person/knows", 3), retract(2, ":person/knows", 3)], TransactionError, "both asserted and retracted"),
+        ('[[:db/add 2 :person/name "x"', TransactionError, "malformed transaction EDN"),
+        ([add(3, ":person/name", "ok"), add(4, ":person/age", "bad")], TransactionError, "operation 1"),
+    ]
+    for tx, error, fragment in bad:
+        with pytest.raises(error) as info:
+            people.transact(tx)
+        assert fragment in str(info.value), str(info.value)
+    assert people.epoch == epoch
+    assert people.stats()["shared_tuples"] == stats["shared_tuples"]
+    assert q.results() == {(1, "Ann"): 1}
+    assert people.transact([add(3, ":person/name", "Cid")]) == epoch + 1
+
+
+def test_transactions_in_edn_text(people):
+    people.transact('[[:db/add 1 :person/name "Ann"] [:db/add 1 :person/age 30]]')
+    q = people.query("[:find ?n ?a :where [?p :person/name ?n] [?p :person/age ?a]]")
+    assert q.results() == {("Ann", 30): 1}
+
+
+def test_bulk_input_from_pandas_and_spark(people, spark):
+    frame = pd.DataFrame({"e": [1, 2, 3], "a": [":person/age"] * 3, "v": [30, 40, 50]})
+    people.transact(frame)
+    q = people.query("[:find ?p ?a :where [?p :person/age ?a]]")
+    assert q.results() == {(1, 30): 1, (2, 40): 1, (3, 50): 1}
+    sdf = spark.createDataFrame([(1, ":person/age", 31, True), (2, ":person/age", 40, False),
+                                 (4, ":person/knows", 1, True)], "e long, a string, v long, added boolean")
+    people.transact(sdf)
+    assert q.results() == {(1, 31): 1, (3, 50): 1}
+    with pytest.raises(TransactionError) as info:
+        people.transact(spark.createDataFrame([(5, ":person/age", "x")], "e long, a string, v string"))
+    assert "wrong type" in str(info.value)
+    with pytest.raises(UnknownAttributeError):
+        people.transact(pd.DataFrame({"e": [1], "a": [":nope/x"], "v": [1]}))
+    assert q.results() == {(1, 31): 1, (3, 50): 1}
+
+
+def test_value_types_round_trip(engine):
+    engine.create_attribute(":m/when", type="instant")
+    engine.create_attribute(":m/ok", type="boolean")
+    engine.create_attribute(":m/x", type="double", semantics="one")
+    when = dt.datetime(2020, 5, 17, 12, 30, tzinfo=dt.timezone.utc)
+    engine.transact([add(1, ":m/when", when), add(1, ":m/ok", True), add(1, ":m/x", 2)])
+    q = engine.query("[:find ?w ?ok ?x :where [?e :m/when ?w] [?e :m/ok ?ok] [?e :m/x ?x]]")
+    ((w, ok, x),) = q.results()
+    assert w == when and ok is True and x == 2.0 and isinstance(x, float)
+    naive = engine.query('[:find ?e :where [?e :m/when #inst "2020-05-17T12:30:00Z"]]')
+    assert naive.results() == {(1,): 1}
+
+
+def test_query_errors_name_the_problem_and_install_nothing(people):
+    cases = [
+        ("[:find ?x :where [?p :person/name ?n]]", QueryError, "?x"),
+        ("[:find ?p :where [?p :person/age ?a] [(> ?b 3)]]", QueryError, "?b"),
+        ("[:find ?p :where [?p :person/nope ?a]]", UnknownAttributeError, ":person/nope"),
+        ('[:find ?p :where [?p :person/age "old"]]', QueryError, "not a valid long"),
+        ("[:find ?p :where [?p :person/age ?a] [(< ?a \"x\")]]", QueryError, "cannot compare"),
+        ("[:find ?p :where [?p :person/name ?x] [?p :person/age ?x]]", QueryError, "?x"),
+        ("[:find ?p :where (missing-rule ?p)]", RuleError, "missing-rule"),
+        ("[:find ?p :where [?p :person/name", Exception, "never closed"),
+        ("[:find ?p :where [?p :person/age ?a] [(frobnicate ?a) ?b]]", QueryError, "frobnicate"),
+    ]
+    for text, error, fragment in cases:
+        with pytest.raises(error) as info:
+            people.query(text)
+        assert fragment in str(info.value), str(info.value)
+    assert people.queries == {}
+    assert people.stats()["query_tuples"] == {}
+
+
+def test_inputs_of_every_binding_form(people):
+    people.transact([add(1, ":person/name", "Ann"), add(2, ":person/name", "Bob"), add(3, ":person/name", "Cid"),
+                     add(1, ":person/age", 30), add(2, ":person/age", 12), add(3, ":person/age", 40)])
+    scalar = people.query("[:find ?p :in $ ?n :where [?p :person/name ?n]]", inputs=("Bob",))
+    tup = people.query("[:find ?p :in $ [?n ?a] :where [?p :person/name ?n] [?p :person/age ?a]]", inputs=(("Ann", 30),))
+    coll = people.query("[:find ?n :in $ [?p ...] :where [?p :person/name ?n]]", inputs=([1, 3, 99],))
+    rel = people.query("[:find ?p ?lo :in $ [[?n ?lo]] :where [?p :person/name ?n] [?p :person/age ?a] [(>= ?a ?lo)]]",
+                       inputs=([("Ann", 18), ("Bob", 18), ("Cid", 41)],))
+    assert scalar.results() == {(2,): 1}
+    assert tup.results() == {(1,): 1}
+    assert coll.results() == {("Ann",): 1, ("Cid",): 1}
+    assert rel.results() == {(1, 18): 1}
+    with pytest.raises(QueryError):
+        people.query("[:find ?p :in $ ?n :where [?p :person/name ?n]]", inputs=())
+    with pytest.raises(QueryError):
+        people.query("[:find ?p :in $ ?n :where [?p :person/name ?n]]", inputs=(5,))
+
+
+def test_lazy_rules_resolved_at_interest(people):
+    people.register("[[(adult ?p) [?p :person/age ?a] (grown-up ?a)]]")
+    people.register("[[(named ?p ?n) [?p :person/name ?n]]]")
+    with pytest.raises(RuleError):
+        people.query("[:find ?p :where (adult ?p)]")  # grown-up is not registered yet
+    people.register("[[(grown-up ?a) [(ground [18 19 20 30 40 50]) [?a ...]]]]")
+    people.transact([add(1, ":person/age", 30), add(2, ":person/age", 12), add(1, ":person/name", "Ann")])
+    q = people.query("[:find ?n :where (adult ?p) (named ?p ?n)]")
+    assert q.results() == {("Ann",): 1}
+    people.transact([add(2, ":person/age", 20), add(2, ":person/name", "Bob")])
+    assert q.results() == {("Ann",): 1, ("Bob",): 1}
+    with pytest.raises(RuleError) as info:
+        people.register("[[(broken ?x ?y) [?x :person/age ?z]]]")
+    assert "?y" in str(info.value)
+    with pytest.raises(RuleError):
+        people.register("[[(named ?p ?n) [?p :person/age ?n]]]")
+
+
+def test_close_releases_handles_and_state(people):
+    people.transact([add(1, ":person/knows", 2), add(2, ":person/knows", 3)])
+    q = people.query("[:find ?a ?c :where [?a :person/knows ?b] [?b :person/knows ?c] [?c :person/knows ?a]]")
+    trace = people.arrangement(":person/knows").forward
+    assert len(trace.handles) == 4  # the transaction handle + three scans
+    assert people.stats()["query_tuples"][q.name] >= 0
+    q.close()
+    assert len(trace.handles) == 1
+    assert q.name not in people.stats()["query_tuples"]
+    with pytest.raises(EngineClosedError):
+        q.results()
+
+
+def test_stats_count_shared_and_private_tuples(people):
+    people.transact([add(i, ":person/name", f"p{i}") for i in range(5)] + [add(i, ":person/age", i) for i in range(5)])
+    star = people.query("[:find ?p ?n ?a ?k :where [?p :person/name ?n] [?p :person/age ?a] [?p :person/knows ?k]]",
+                        join="binary")
+    stats = people.stats()
+    assert stats["shared_tuples"] == 10
+    assert stats["arrangements"][":person/name forward"] == 5
+    assert stats["query_tuples"][star.name] == 5  # name join age, arranged privately
+    assert stats["result_tuples"][star.name] == 0
+
+
+def test_unimplemented_join_strategies_fall_back_with_a_warning(people):
+    with pytest.warns(UserWarning, match="binary"):
+        q = people.query("[:find ?p :where [?p :person/age _]]", join="wco")
+    assert q.dataflow.strategy == "binary"
+    assert "strategy: binary" in q.explain()
+    with pytest.raises(QueryError):
+        people.query("[:find ?p :where [?p :person/age _]]", join="magic")
+
+
+def test_schema_errors(engine):
+    engine.create_attribute(":a/b", type="long")
+    engine.create_attribute(":a/b", type="long")  # identical: fine
+    with pytest.raises(SchemaError):
+        engine.create_attribute(":a/b", type="string")
+    with pytest.raises(SchemaError):
+        engine.create_attribute("no-colon", type="long")
+    with pytest.raises(SchemaError):
+        engine.create_attribute(":a/c", type="integer")
+    with pytest.raises(SchemaError):
+        engine.create_attribute(":a/c", type="long", semantics="many")
+
+
+def test_epoch_reports_name_their_spark_jobs(people):
+    people.query("[:find ?p :where [?p :person/age _]]", name="ages")
+    people.transact([add(1, ":person/age", 3)])
+    report = people.epoch_log[-1]
+    assert report.jobs and all(j.description and f"epoch {report.epoch}" in j.description for j in report.jobs)
+    assert any("ages" in j.description for j in report.jobs)
+    assert "Spark jobs" in report.describe()
+
+
+def test_closed_engine_refuses_work(spark):
+    from factflow import Engine
+
+    db = Engine(spark=spark)
+    db.create_attribute(":x/y", type="long")
+    db.close()
+    with pytest.raises(EngineClosedError):
+        db.transact([add(1, ":x/y", 1)])

@@ -11,7 +11,7 @@ a merge sort would, so a trace holds logarithmically many batches. Merging *comp
 times older than the compaction frontier are advanced to it, updates that become
 indistinguishable are summed, and rows whose diff sums to zero are dropped. Small merged
 batches stay on the driver (see :mod:`.batch`); larger ones are consolidated by Spark,
-partitioned by the trace's key, persisted and counted.
+partitioned by the trace's key, checkpointed and counted.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 
-from factflow.arrangement.batch import DIFF, TIME, Batch, Layout
+from factflow.arrangement.batch import DIFF, TIME, Batch, Layout, checkpoint, release_checkpoint
 from factflow.errors import FactflowError
 from factflow.model.types import sql_type
 
@@ -160,7 +160,7 @@ class Trace:
         return batch
 
     def append_frame(self, frame: DataFrame, epoch: int) -> Batch:
-        """Append one epoch's consolidated updates held in Spark: organized, persisted, counted.
+        """Append one epoch's consolidated updates held in Spark: organized, checkpointed, counted.
 
         A batch small enough to live on the driver is fetched there instead.
         """
@@ -169,14 +169,14 @@ class Trace:
         self.append(batch)
         return batch
 
-    def append_cached(self, frame: DataFrame, rows: int, epoch: int, storage: DataFrame) -> Batch:
-        """Append one epoch's updates ``(columns..., _diff)`` read from ``storage``, a frame
-        already persisted and counted. A small batch is copied to the driver (the returned
-        batch is then local and ``storage`` stays the caller's to release)."""
+    def append_stored(self, frame: DataFrame, rows: int, epoch: int, stored: DataFrame) -> Batch:
+        """Append one epoch's updates ``(columns..., _diff)`` read from ``stored``, a frame
+        checkpointed and counted by the caller. A small batch is copied to the driver (the
+        returned batch is then local and ``stored`` stays the caller's to release)."""
         if rows <= self.policy.local_limit:
             return self.append_pandas(frame.select(*self.layout.names, DIFF).toArrow().to_pandas(), epoch)
         frame = frame.selectExpr(*[f"`{n}`" for n in self.layout.names], f"CAST({epoch} AS BIGINT) AS `_t`", "`_diff`")
-        batch = Batch(epoch, epoch + 1, rows, frame, persisted=storage)
+        batch = Batch.from_checkpoint(frame, rows, epoch, epoch + 1, stored)
         self.append(batch)
         return batch
 
@@ -259,14 +259,13 @@ class Trace:
         return batch
 
     def materialize(self, frame: DataFrame, lower: int, upper: int) -> Batch:
-        """A batch of ``frame`` (the full layout, with ``_t``): persisted, partitioned by the
-        key and counted, or moved to the driver when it is small."""
-        cached = self._organize(frame).persist()
-        rows = cached.count()
+        """A batch of ``frame`` (the full layout, with ``_t``): checkpointed, partitioned by
+        the key and counted, or moved to the driver when it is small."""
+        stored, rows = checkpoint(self._organize(frame))
         if rows > self.policy.local_limit:
-            return Batch.from_cached(cached, rows, lower, upper)
-        local = cached.toArrow().to_pandas()
-        cached.unpersist(blocking=False)
+            return Batch.from_checkpoint(stored, rows, lower, upper)
+        local = stored.toArrow().to_pandas()
+        release_checkpoint(stored)
         return Batch.from_pandas(self.spark, self.layout, local, lower, upper)
 
     def _organize(self, frame: DataFrame) -> DataFrame:

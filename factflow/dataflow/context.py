@@ -54,7 +54,7 @@ class EpochContext:
         return self._memo[key]
 
     def set(self, owner: object, what: str, relation: str | None) -> None:
-        """Replace a memoized relation (with a persisted equivalent)."""
+        """Replace a memoized relation (with a materialized equivalent)."""
         self._memo[(id(owner), what)] = relation
 
     def statement(self, sql: str) -> str:

@@ -6,7 +6,7 @@ whatever the number of installed queries:
 1. *changes*: one job validates the transaction and computes every attribute's effective
    changes against the shared arrangements; the changes are appended to them.
 2. *queries*: the pending state changes and outputs of every affected query are built as
-   one union and fetched in one job (or, for bulk changes, persisted in Spark).
+   one union and fetched in one job (or, for bulk changes, checkpointed in Spark).
 3. *maintenance*: traces merge their batches geometrically (amortized).
 
 Every job runs in the job group ``factflow-epoch-<n>`` with a description naming its
@@ -36,9 +36,9 @@ from factflow.arrangement.attribute import AttributeArrangement
 from factflow.arrangement.batch import DIFF, drop_view, register_view
 from factflow.arrangement.trace import MergePolicy, TraceHandle
 from factflow.dataflow.context import EpochContext
-from factflow.dataflow.nodes import OUT, Distinct, Stateful
+from factflow.dataflow.nodes import OUT, Stateful
 from factflow.engine import transaction
-from factflow.engine.collect import Collector
+from factflow.engine.evaluation import Evaluation
 from factflow.engine.query import Query
 from factflow.engine.session import create_session
 from factflow.errors import EngineClosedError, FactflowError, QueryError, TransactionError
@@ -60,9 +60,9 @@ class EngineConfig:
     """Tuning knobs.
 
     ``local_limit``: change sets and merged batches of at most this many rows are held on
-    the driver and shipped to Spark as local relations; larger ones are persisted in Spark.
+    the driver and shipped to Spark as local relations; larger ones are checkpointed in Spark.
     ``merge_factor``: geometric merging factor of traces. ``partitions``: partitions of
-    persisted batches (default: ``spark.sql.shuffle.partitions``). ``small_conf``: SQL
+    checkpointed batches (default: ``spark.sql.shuffle.partitions``). ``small_conf``: SQL
     settings for the statements of small epochs, whose cost is Spark's fixed overhead per
     task and per compiled stage rather than data (one shuffle partition, no whole-stage
     code generation); they apply only while such a statement is planned.
@@ -79,12 +79,15 @@ class EngineConfig:
 
 @dataclass
 class SparkJob:
-    """One Spark job an epoch ran: its id, description (phase and query) and duration."""
+    """One Spark job an epoch ran: its id, description (phase and query), duration, and the
+    rows its stages read from stored batches (``rows_read``) and from shuffles."""
 
     id: int
     description: str | None
     tasks: int
     seconds: float | None
+    rows_read: int = 0
+    rows_shuffled: int = 0
 
 
 @dataclass
@@ -107,7 +110,8 @@ class EpochReport:
                  + " ".join(f"{k}={v:.3f}s" for k, v in self.phases.items())]
         for job in self.jobs:
             took = f"{job.seconds:.3f}s" if job.seconds is not None else "?"
-            lines.append(f"  job {job.id} ({job.tasks} tasks, {took}): {job.description}")
+            lines.append(f"  job {job.id} ({job.tasks} tasks, {took}, read {job.rows_read} rows, "
+                         f"shuffled {job.rows_shuffled}): {job.description}")
         return "\n".join(lines)
 
 
@@ -127,7 +131,16 @@ def _spark_jobs(spark: SparkSession, group: str) -> list[SparkJob]:
         seconds = None
         if data.completionTime().isDefined() and data.submissionTime().isDefined():
             seconds = (data.completionTime().get().getTime() - data.submissionTime().get().getTime()) / 1000.0
-        jobs.append(SparkJob(job_id, description, data.numTasks(), seconds))
+        read = shuffled = 0
+        stages = data.stageIds().iterator()
+        while stages.hasNext():
+            try:
+                stage = store.lastStageAttempt(stages.next())
+            except Exception:  # a skipped stage has no attempt
+                continue
+            read += stage.inputRecords()
+            shuffled += stage.shuffleReadRecords()
+        jobs.append(SparkJob(job_id, description, data.numTasks(), seconds, read, shuffled))
     return jobs
 
 
@@ -325,57 +338,17 @@ class Engine:
     def _evaluate(self, dataflows, cx: EpochContext, subscribed: set) -> dict[Stateful, pd.DataFrame]:
         """Compute and commit the pending state of ``dataflows`` for one evaluation.
 
-        Returns the collected output frames of result operators (all of them on the fast
-        path; those with subscribers on the bulk path).
+        Returns the output rows of result operators (all of them for small epochs, those
+        with subscribers otherwise).
         """
         nodes: list[Stateful] = []
         for df in dataflows:
             nodes += [n for n in df.stateful if n not in nodes]
         if not nodes:
             return {}
-        sc = self.spark.sparkContext
         names = ", ".join(df.name for df in dataflows)
-        outputs: dict[Stateful, pd.DataFrame] = {}
-        if cx.small and not cx.install:
-            collector = Collector()
-            pending = []
-            for node in nodes:
-                relation = node.pending(cx)
-                if relation is not None:
-                    extra = [(DIFF, Kind.LONG)] + ([(OUT, Kind.LONG)] if isinstance(node, Distinct) else [])
-                    collector.add(relation, list(node.columns) + extra)
-                    pending.append(node)
-            with self._small_statements():
-                fetched = collector.run(self.spark, cx, f"epoch {cx.epoch}: queries {names}")
-            for node, frame in zip(pending, fetched):
-                node.trace.append_pandas(frame[node.names + [DIFF]], cx.epoch)
-                outputs[node] = frame
-        else:
-            scratch: list[tuple[str, DataFrame]] = []
-            try:
-                for node in nodes:  # inputs first, so later operators read persisted frames
-                    relation = node.pending(cx)
-                    if relation is None:
-                        continue
-                    frame = node.trace._organize(self.spark.sql(cx.statement(f"SELECT * FROM {relation}")))
-                    persisted = frame.persist()
-                    sc.setJobDescription(f"{'install' if cx.install else f'epoch {cx.epoch}'}: {node.trace.name}")
-                    rows = persisted.count()
-                    view = register_view(persisted, prefix="ff_p")
-                    node.adopt(cx, view)
-                    batch = node.trace.append_cached(persisted.select(*node.names, DIFF), rows, cx.epoch, persisted)
-                    scratch.append((view, persisted if batch is None or batch.is_local else None))
-                    if node in subscribed:
-                        sc.setJobDescription(f"epoch {cx.epoch}: output of {node.trace.name}")
-                        outputs[node] = persisted.toArrow().to_pandas()
-            finally:
-                for view, storage in scratch:
-                    drop_view(self.spark, view)
-                    if storage is not None:
-                        storage.unpersist(blocking=False)
-        for node in nodes:
-            node.trace.advance_upper(cx.epoch + 1)
-        return outputs
+        what = f"install {names}" if cx.install else f"epoch {cx.epoch}: queries {names}"
+        return Evaluation(self.spark, cx, self._small_statements).run(nodes, subscribed, what)
 
     def _advance(self, epoch: int) -> None:
         for h in self._tx_handles.values():

@@ -24,8 +24,8 @@ def read_edges(spark: SparkSession, path: str) -> DataFrame:
         frame = spark.read.csv(path, schema="src long, dst long")
     else:
         parts = F.split(F.trim(F.col("value")), r"\s+")
-        frame = (spark.read.text(path).where(F.size(parts) >= 2)
-                 .select(parts[0].cast("long").alias("src"), parts[1].cast("long").alias("dst")))
+        frame = spark.read.text(path).select(F.get(parts, 0).cast("long").alias("src"),
+                                             F.get(parts, 1).cast("long").alias("dst"))
     return frame.where(F.col("src").isNotNull() & F.col("dst").isNotNull())
 
 

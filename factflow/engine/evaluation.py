@@ -1,0 +1,175 @@
+"""Evaluating the stateful operators of many dataflows for one epoch (or one install).
+
+Every stateful operator has pending rows to append to its trace; the result operators'
+pending rows are also what subscribers receive. They are computed in *rounds*: all that
+can be computed together goes into one Spark statement per round, and only a
+:class:`Distinct` whose input is expensive to recompute is split over two rounds, so
+that its consolidated input change ``d`` is materialized once instead of being computed
+twice (once to find the keys whose old counts it needs, once to combine with them).
+
+Small epochs fetch each round with one job into driver memory (local batches); bulk
+epochs and installs checkpoint every result in Spark instead.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pandas as pd
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import types as T
+
+from factflow.arrangement.batch import DIFF, checkpoint, drop_view, register_view, release_checkpoint
+from factflow.dataflow.context import EpochContext
+from factflow.dataflow.nodes import OUT, Distinct, Node, Scan, Stateful
+from factflow.engine.collect import Collector
+from factflow.model.types import Kind, spark_type
+
+if TYPE_CHECKING:  # pragma: no cover
+    from contextlib import AbstractContextManager
+    from typing import Callable
+
+__all__ = ["Evaluation"]
+
+STATE, PENDING = "state", "pending"
+
+
+def _stateful_inputs(node: Stateful) -> list[Stateful]:
+    """Stateful operators whose output ``node`` reads directly (not through another one)."""
+    found: list[Stateful] = []
+    stack: list[Node] = [node.child]
+    seen: set[int] = set()
+    while stack:
+        n = stack.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        if isinstance(n, Stateful):
+            found.append(n)
+        else:
+            stack.extend(n.inputs())
+    return found
+
+
+def _touches_stored_state(node: Stateful) -> bool:
+    """Whether computing ``node``'s input change reads a batch held in Spark (not on the driver)."""
+    stack: list[Node] = [node.child]
+    seen: set[int] = set()
+    while stack:
+        n = stack.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        trace = n.trace if isinstance(n, (Scan, Stateful)) else None
+        if trace is not None and any(not b.is_local for b in trace.batches):
+            return True
+        stack.extend(n.inputs())
+    return False
+
+
+class Evaluation:
+    """One evaluation of a set of stateful operators; :meth:`run` commits and returns outputs."""
+
+    def __init__(self, spark: SparkSession, cx: EpochContext, small_statements: "Callable[[], AbstractContextManager]"):
+        self.spark = spark
+        self.cx = cx
+        self.small_statements = small_statements
+        self._views: list[str] = []
+        self._stored: list[DataFrame] = []
+
+    def schedule(self, nodes: list[Stateful]) -> list[list[tuple[Stateful, str]]]:
+        """Rounds of (operator, step) pairs; a split Distinct computes STATE a round before PENDING."""
+        rounds: dict[int, int] = {}
+
+        def pending_round(n: Stateful) -> int:
+            if id(n) not in rounds:
+                base = max((pending_round(u) for u in _stateful_inputs(n)), default=0)
+                rounds[id(n)] = base + (1 if self._split(n) else 0)
+            return rounds[id(n)]
+
+        schedule: list[list[tuple[Stateful, str]]] = []
+        for n in nodes:
+            r = pending_round(n)
+            while len(schedule) <= r:
+                schedule.append([])
+            if self._split(n):
+                schedule[r - 1].append((n, STATE))
+            schedule[r].append((n, PENDING))
+        return [steps for steps in schedule if steps]
+
+    def _split(self, node: Stateful) -> bool:
+        cx = self.cx
+        return isinstance(node, Distinct) and (cx.install or not cx.small or _touches_stored_state(node))
+
+    def run(self, nodes: list[Stateful], subscribed: set, description: str) -> dict[Stateful, pd.DataFrame]:
+        """Compute, commit and return the pending rows of ``nodes`` (outputs of result operators)."""
+        outputs: dict[Stateful, pd.DataFrame] = {}
+        try:
+            for number, steps in enumerate(self.schedule(nodes)):
+                label = f"{description} (round {number + 1})" if number else description
+                if self.cx.small and not self.cx.install:
+                    self._fetch(steps, outputs, label)
+                else:
+                    self._store(steps, outputs, subscribed, label)
+        finally:
+            for view in self._views:
+                drop_view(self.spark, view)
+            for stored in self._stored:
+                release_checkpoint(stored)
+        for node in nodes:
+            node.trace.advance_upper(self.cx.epoch + 1)
+        return outputs
+
+    # ------------------------------------------------------------ small epochs: fetch to the driver
+    def _fetch(self, steps, outputs, label: str) -> None:
+        cx = self.cx
+        collector = Collector()
+        fetched_steps = []
+        for node, step in steps:
+            relation = node.state_delta(cx) if step == STATE else node.pending(cx)
+            if relation is None:
+                continue
+            extra = [(DIFF, Kind.LONG)] + ([(OUT, Kind.LONG)] if step == PENDING and isinstance(node, Distinct) else [])
+            collector.add(relation, list(node.columns) + extra)
+            fetched_steps.append((node, step))
+        with self.small_statements():
+            frames = collector.run(self.spark, cx, label)
+        for (node, step), frame in zip(fetched_steps, frames):
+            if step == STATE:
+                view = register_view(self.spark.createDataFrame(frame, schema=_schema(node)), prefix="ff_l")
+                self._views.append(view)
+                cx.set(node, "state", f"(SELECT /*+ COALESCE(1) */ * FROM {view})")
+            else:
+                node.trace.append_pandas(frame[node.names + [DIFF]], cx.epoch)
+                outputs[node] = frame
+
+    # ------------------------------------------------------------ bulk epochs and installs: keep in Spark
+    def _store(self, steps, outputs, subscribed, label: str) -> None:
+        cx = self.cx
+        sc = self.spark.sparkContext
+        for node, step in steps:  # inputs first, so later operators read materialized frames
+            relation = node.state_delta(cx) if step == STATE else node.pending(cx)
+            if relation is None:
+                continue
+            frame = node.trace._organize(self.spark.sql(cx.statement(f"SELECT * FROM {relation}")))
+            sc.setJobDescription(f"{label}: {node.trace.name} ({step})")
+            stored, rows = checkpoint(frame)
+            view = register_view(stored, prefix="ff_p")
+            self._views.append(view)
+            if step == STATE:
+                cx.set(node, "state", view)
+                self._stored.append(stored)
+                continue
+            node.adopt(cx, view)
+            batch = node.trace.append_stored(stored.select(*node.names, DIFF), rows, cx.epoch, stored)
+            if batch is None or batch.is_local:
+                self._stored.append(stored)
+            if node in subscribed:
+                sc.setJobDescription(f"{label}: output of {node.trace.name}")
+                outputs[node] = stored.toArrow().to_pandas()
+
+
+def _schema(node: Stateful) -> T.StructType:
+    fields = [T.StructField(n, spark_type(k), False) for n, k in node.columns]
+    fields.append(T.StructField(DIFF, T.LongType(), False))
+    return T.StructType(fields)

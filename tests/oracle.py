@@ -15,7 +15,7 @@ from typing import Any
 from factflow.edn import Keyword
 from factflow.lang.ast import (
     BindColl, BindRel, BindScalar, BindTuple, Blank, Const, FindVar, FnCall, Not, Or, Pattern, Predicate,
-    Query, RuleCall, Var,
+    Query, RuleCall, Var, clause_vars,
 )
 from factflow.lang.parser import parse_query, parse_rules
 
@@ -86,6 +86,7 @@ class Oracle:
     def query(self, text: str, inputs=(), semantics: str = "set") -> Counter:
         """The result as a Counter of find tuples (multiplicity 1 each under set semantics)."""
         query = parse_query(text)
+        self._relations = {}
         bindings = [({}, 1)]
         for inp, value in zip(query.binding_inputs, inputs):
             rows = _input_rows(inp.binding, value)
@@ -108,7 +109,7 @@ class Oracle:
         while pending:
             progressed = False
             for clause in list(pending):
-                if isinstance(clause, (Predicate, FnCall)) and not _ready(clause, bindings):
+                if isinstance(clause, (Predicate, FnCall, Not)) and not _ready(clause, bindings):
                     continue
                 pending.remove(clause)
                 bindings = self._clause(clause, bindings)
@@ -166,34 +167,69 @@ class Oracle:
                     if nb is not None:
                         out.append((nb, m))
             return out
+        if isinstance(clause, Not):
+            join = _join_vars(clause)
+            for b, m in bindings:
+                seed = [({v: b[v] for v in join}, 1)]
+                if not any(n for _, n in self._conjunction(clause.clauses, seed)):
+                    out.append((b, m))
+            return out
+        if isinstance(clause, Or):
+            join = _join_vars(clause)
+            for b, m in bindings:
+                seed = [({v: b[v] for v in join if v in b}, 1)]
+                for branch in clause.branches:
+                    for nb, n in self._conjunction(branch, seed):
+                        out.append(({**b, **{v: nb[v] for v in join}}, m * n))
+            return out
         raise NotImplementedError(clause)
 
     def _rule(self, name):
-        """The (set) relation of a rule: from the fixpoint being computed, or a new one."""
-        if self._fixpoint_state is not None:
-            return self._fixpoint_state[name]
-        return self._fixpoint()[name]
+        """The (set) relation of a rule, evaluating its recursive component (stratum) when needed."""
+        if name in self._relations:
+            return self._relations[name]
+        component = self._component(name)
+        state = {n: set() for n in component}
+        self._relations.update(state)
+        changed = True
+        while changed:  # naive iteration of the component to its least fixed point
+            changed = False
+            for n in component:
+                for body in self.rules[n]:
+                    for b, _ in self._conjunction(body.body, [({}, 1)]):
+                        row = tuple(b[v] for v in body.head)
+                        if row not in state[n]:
+                            state[n].add(row)
+                            changed = True
+        return state[name]
 
-    def _fixpoint(self):
-        """Every rule's relation, by naive iteration to a fixed point."""
-        relations = {n: set() for n in self.rules}
-        self._fixpoint_state = relations
-        try:
-            changed = True
-            while changed:
-                changed = False
-                for n, bodies in self.rules.items():
-                    for body in bodies:
-                        for b, _ in self._conjunction(body.body, [({}, 1)]):
-                            row = tuple(b[v] for v in body.head)
-                            if row not in relations[n]:
-                                relations[n].add(row)
-                                changed = True
-        finally:
-            self._fixpoint_state = None
-        return relations
+    def _component(self, name):
+        """The rules mutually recursive with ``name`` (its strongly connected component)."""
+        def calls(n):
+            out = set()
+            def walk(clauses):
+                for c in clauses:
+                    if isinstance(c, RuleCall):
+                        out.add(c.name)
+                    elif isinstance(c, Not):
+                        walk(c.clauses)
+                    elif isinstance(c, Or):
+                        for b in c.branches:
+                            walk(b)
+            for body in self.rules[n]:
+                walk(body.body)
+            return out
 
-    _fixpoint_state = None
+        def reach(n):
+            seen, stack = {n}, [n]
+            while stack:
+                for m in calls(stack.pop()):
+                    if m not in seen:
+                        seen.add(m)
+                        stack.append(m)
+            return seen
+
+        return [m for m in reach(name) if name in reach(m)]
 
 
 def _input_rows(binding, value):
@@ -231,8 +267,15 @@ def _value(binding, term):
     return term.value
 
 
+def _join_vars(clause):
+    if clause.join_vars is not None:
+        return list(clause.join_vars)
+    inner = clause.clauses if isinstance(clause, Not) else [c for b in clause.branches for c in b]
+    return list(dict.fromkeys(v for c in inner for v in clause_vars(c)))
+
+
 def _ready(clause, bindings):
-    args = clause.args
+    args = _join_vars(clause) if isinstance(clause, Not) else clause.args
     needed = [t for t in args if isinstance(t, Var)]
     return not bindings or all(v in bindings[0][0] for v in needed)
 

@@ -40,6 +40,8 @@ RULES = """[
  [(has-age ?e ?a) [?e :d/age ?a]]
  [(mutual ?a ?b) [?a :d/friend ?b] [?b :d/friend ?a]]
  [(older-friend ?a ?b) (mutual ?a ?b) (older ?b)]
+ [(lonely ?e) [?e :d/name _] (not [?e :d/friend _])]
+ [(tagged-or-flagged ?e) (or [?e :d/tag _] [?e :d/flag true])]
 ]"""
 
 # (query, inputs, semantics)
@@ -80,6 +82,20 @@ CATALOG = [
     ("[:find ?e :where (has-age ?e 3)]", (), "set"),
     ("[:find ?a ?b :where (older-friend ?a ?b)]", (), "set"),
     ("[:find ?n :where (older ?e) [?e :d/name ?n]]", (), "multiset"),
+    # negation and disjunction
+    ("[:find ?e :where [?e :d/name _] (not [?e :d/age _])]", (), "set"),
+    ("[:find ?e ?a :where [?e :d/age ?a] (not [(> ?a 2)])]", (), "set"),
+    ("[:find ?e :where [?e :d/name ?n] (not-join [?e] [?e :d/friend ?f] [?f :d/name ?n])]", (), "set"),
+    ("[:find ?a ?b :where [?a :d/friend ?b] (not [?b :d/friend ?a])]", (), "set"),
+    ("[:find ?e :where [?e :d/name _] (not-join [?e] [?e :d/friend ?f] (not [?f :d/age _]))]", (), "set"),
+    ("[:find ?e :where (or [?e :d/age 1] [?e :d/tag \"x\"])]", (), "set"),
+    ("[:find ?e :where (or [?e :d/age 1] [?e :d/tag \"x\"])]", (), "multiset"),
+    ("[:find ?e ?n :where [?e :d/name ?n] (or-join [?e ?n] [(= ?n \"a\")] (and [?e :d/age ?a] [(> ?a 2)]))]",
+     (), "set"),
+    ("[:find ?e :where [?e :d/name _] (or-join [?e] (and [?e :d/friend ?f] [?f :d/flag true]) [?e :d/score 2.5])]",
+     (), "set"),
+    ("[:find ?e :where (lonely ?e)]", (), "set"),
+    ("[:find ?e :where (tagged-or-flagged ?e) (not (lonely ?e))]", (), "set"),
 ]
 
 

@@ -24,8 +24,8 @@ from factflow.dataflow.context import EpochContext, Version
 from factflow.dataflow.zset import ident, literal
 from factflow.model.types import Kind
 
-__all__ = ["Node", "Scan", "Static", "Filter", "Bind", "Project", "Rename", "Join", "Union", "Arranged",
-           "Distinct", "Stateful", "OUT"]
+__all__ = ["Node", "Scan", "Static", "Filter", "Bind", "Project", "Rename", "Join", "AntiJoin", "Union",
+           "Arranged", "Distinct", "Stateful", "OUT"]
 
 OUT = "_out"
 Columns = tuple[tuple[str, Kind], ...]
@@ -297,6 +297,46 @@ class Join(Node):
     def describe(self):
         on = ", ".join(self.on) if self.on else "nothing (cartesian product)"
         return f"Join on {on}"
+
+
+class AntiJoin(Node):
+    """Negation: the tuples of ``left`` whose ``on`` columns are not in the set ``negated``.
+
+    ``negated`` must be set-valued (a :class:`Distinct`). With ``N`` the indicator of the
+    negated set, the output is ``L * (1 - N)``, so its change is
+    ``dL antijoin N_new - L_old join dN``: a key entering the negated set removes the old
+    left tuples with that key, a key leaving it brings them back.
+    """
+
+    def __init__(self, left: Node, negated: Node, label: str):
+        self.left, self.negated, self.label = left, negated, label
+        self.on = list(negated.names)
+        self.columns = left.columns
+
+    def inputs(self):
+        return (self.left, self.negated)
+
+    def _delta(self, cx):
+        parts = []
+        dl = self.left.delta(cx)
+        if dl is not None:
+            kept = zset.semijoin(dl, self.negated.read(cx, Version.NEW), self.on, anti=True)
+            parts.append(cx.define(kept))
+        dn = self.negated.delta(cx)
+        if dn is not None:
+            flipped = cx.define(zset.select(dn, self.on, diff=f"-{ident(DIFF)}"))
+            joined = self.left.join_into(cx, Version.OLD, flipped, self.on, self.on)
+            parts.append(cx.define(zset.select(joined, self.names)))
+        if not parts:
+            return None
+        return cx.define(zset.union(parts, self.names))
+
+    def _read(self, cx, version):
+        kept = zset.semijoin(self.left.read(cx, version), self.negated.read(cx, version), self.on, anti=True)
+        return cx.define(kept)
+
+    def describe(self):
+        return f"AntiJoin {self.label} on {', '.join(self.on)}"
 
 
 class Union(Node):

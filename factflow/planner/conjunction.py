@@ -17,12 +17,14 @@ from typing import Sequence
 from factflow.dataflow import expressions as X
 from factflow.dataflow.zset import ident, literal
 from factflow.dataflow.nodes import (
-    Arranged, Bind, Distinct, Filter, Join, Node, Rename, Scan, Static, Union,
+    AntiJoin, Arranged, Bind, Distinct, Filter, Join, Node, Project, Rename, Scan, Stateful, Static, Union,
 )
 from factflow.errors import QueryError
 from factflow.lang.ast import (
-    BindScalar, Blank, Clause, Const, FnCall, Not, Or, Pattern, Predicate, RuleCall, Var, show, term_vars,
+    BindScalar, Blank, Clause, Const, FnCall, Not, Or, Pattern, Predicate, RuleCall, Var, clause_vars, show,
+    term_vars,
 )
+from factflow.lang.rules import bound_vars
 from factflow.model.types import Kind, coerce_value, kind_of_python_value
 from factflow.planner.context import PlanContext
 from factflow.planner.relations import binding_rows, static_relation
@@ -42,6 +44,10 @@ class Scope:
         if var not in self._columns:
             self._columns[var] = self.pc.column(var.name)
         return self._columns[var]
+
+    def share(self, var: Var, column: str) -> None:
+        """Let ``var`` use an existing column (a nested clause group joining its parent)."""
+        self._columns[var] = column
 
     def var_of(self, column: str) -> Var | None:
         """The variable a column carries, if any."""
@@ -91,9 +97,7 @@ class _Conjunction:
         self.relations: list[Clause] = []
         self.pending: list[Clause] = []
         for c in clauses:
-            if isinstance(c, (Not, Or)):
-                raise QueryError(f"{show(c)}: negation and disjunction are not supported yet")
-            if isinstance(c, Predicate):
+            if isinstance(c, (Predicate, Not)):
                 self.pending.append(c)
             elif isinstance(c, FnCall) and X.canonical_name(c.fn) != "ground":
                 self.pending.append(c)
@@ -107,6 +111,10 @@ class _Conjunction:
         items: list[Node | Clause] = [*self.sources, *self.relations]
         for item in items:
             bound = set(left.names) if left is not None else set()
+            if isinstance(item, Or) and not self.standalone(item.branches, self.or_vars(item)):
+                left = self.apply_ready(self.seeded_or(item, left, left_is_shared))
+                left_is_shared = False
+                continue
             node = item if isinstance(item, Node) else self.relation(item, bound)
             node = self.apply_ready(node)
             if left is None:
@@ -115,9 +123,7 @@ class _Conjunction:
             on = [n for n in left.names if n in node.names]
             self.check_join_kinds(left, node, on, item)
             if not left_is_shared:
-                key = tuple(on) if on else tuple(left.names)
-                trace = self.pc.private_trace(f"join state by {', '.join(key)}", left.columns, key, "intermediate")
-                left = Arranged(left, trace, self.pc.name)
+                left = self.arrange(left, on)
             left = self.apply_ready(Join(left, node))
             left_is_shared = False
         if left is None:
@@ -128,6 +134,17 @@ class _Conjunction:
             self.fail_unbound(self.pending[0], set(left.names))
         return left
 
+    def arrange(self, node: Node, on: Sequence[str]) -> Node:
+        """``node`` arranged privately by ``on`` (it is read again as a whole by a join)."""
+        key = tuple(on) if on else tuple(node.names)
+        trace = self.pc.private_trace(f"join state by {', '.join(key)}", node.columns, key, "intermediate")
+        return Arranged(node, trace, self.pc.name)
+
+    def distinct(self, node: Node, label: str) -> Distinct:
+        """The set of ``node``'s tuples (derivation counts kept privately)."""
+        trace = self.pc.private_trace(label, node.columns, tuple(node.names), "intermediate")
+        return Distinct(node, trace, self.pc.name)
+
     def check_join_kinds(self, left: Node, right: Node, on: list[str], item) -> None:
         for col in on:
             a, b = left.kind_of(col), right.kind_of(col)
@@ -136,7 +153,7 @@ class _Conjunction:
                 raise QueryError(f"{var} is a {a.value} but {_describe(item)} uses it as a {b.value}")
 
     def fail_unbound(self, clause: Clause, bound_cols: set[str]) -> None:
-        args = clause.args
+        args = self.not_vars(clause) if isinstance(clause, Not) else clause.args
         for v in term_vars(args):
             if self.scope.col(v) not in bound_cols:
                 raise QueryError(f"{show(clause)} uses {v}, which no clause binds")
@@ -149,10 +166,16 @@ class _Conjunction:
             progress = False
             for clause in list(self.pending):
                 names = set(node.names)
-                if not all(self.scope.col(v) in names for v in term_vars(clause.args)):
+                needs = self.not_vars(clause) if isinstance(clause, Not) else term_vars(clause.args)
+                if not all(self.scope.col(v) in names for v in needs):
                     continue
                 self.pending.remove(clause)
-                node = self.filter(node, clause) if isinstance(clause, Predicate) else self.bind(node, clause)
+                if isinstance(clause, Predicate):
+                    node = self.filter(node, clause)
+                elif isinstance(clause, Not):
+                    node = self.negate(node, clause)
+                else:
+                    node = self.bind(node, clause)
                 progress = True
         return node
 
@@ -184,12 +207,97 @@ class _Conjunction:
         value = X.function_sql(clause.fn, [c for c, _ in args], kinds)
         return Bind(node, target, kind, value, show(clause))
 
+    # ------------------------------------------------------------ negation and disjunction
+    @staticmethod
+    def not_vars(clause: Not) -> list[Var]:
+        """The variables a not clause joins on (all its variables, or the not-join list)."""
+        return list(clause.join_vars) if clause.join_vars is not None else clause_vars(clause)
+
+    def or_vars(self, clause: Or) -> list[Var]:
+        """The variables an or clause joins on; every branch of an ``or`` must use the same ones."""
+        if clause.join_vars is not None:
+            return list(clause.join_vars)
+        per_branch = [set(v for c in b for v in clause_vars(c)) for b in clause.branches]
+        for branch, used in zip(clause.branches[1:], per_branch[1:]):
+            if used != per_branch[0]:
+                missing = sorted(str(v) for v in per_branch[0] ^ used)
+                raise QueryError(f"{show(clause)}: all branches of or must use the same variables "
+                                 f"(differ in {', '.join(missing)}); use or-join to name the shared ones")
+        return clause_vars(clause)
+
+    def standalone(self, branches, join_vars: Sequence[Var]) -> bool:
+        """Whether each clause group binds ``join_vars`` and everything its filters read on its own."""
+        for clauses in branches:
+            bound = bound_vars(clauses)
+            if not set(join_vars) <= bound:
+                return False
+            for c in clauses:
+                if isinstance(c, (Predicate, FnCall)) and not set(term_vars(c.args)) <= bound:
+                    return False
+                if isinstance(c, Not) and not set(self.not_vars(c)) <= bound:
+                    return False
+        return True
+
+    def inner_scope(self, join_vars: Sequence[Var]) -> Scope:
+        """A scope for a nested clause group: ``join_vars`` share the outer columns, the rest is local."""
+        inner = Scope(self.pc)
+        for v in join_vars:
+            inner.share(v, self.scope.col(v))
+        return inner
+
+    def negate(self, node: Node, clause: Not) -> Node:
+        join_vars = self.not_vars(clause)
+        if not join_vars:
+            raise QueryError(f"{show(clause)} shares no variable with the rest of the query")
+        cols = [self.scope.col(v) for v in join_vars]
+        inner = self.inner_scope(join_vars)
+        if self.standalone([clause.clauses], join_vars):
+            body = plan_conjunction(clause.clauses, [], inner, self.pc, self.stack)
+        else:  # the negated clauses need the outer bindings: evaluate them on those
+            seed = self.distinct(Project(node, cols), f"bindings of {show(clause)}")
+            body = plan_conjunction(clause.clauses, [seed], inner, self.pc, self.stack)
+        negated = self.distinct(Project(body, cols), f"negated {show(clause)}")
+        if not isinstance(node, (Scan, Static, Stateful)):
+            node = self.arrange(node, cols)
+        return AntiJoin(node, negated, show(clause))
+
+    def union_of(self, clause: Or, sources: Sequence[Node], keep: Sequence[str]) -> Node:
+        join_vars = self.or_vars(clause)
+        cols = list(keep) + [self.scope.col(v) for v in join_vars if self.scope.col(v) not in keep]
+        parts = []
+        for branch in clause.branches:
+            inner = self.inner_scope(join_vars)
+            for s in sources:
+                for c in s.names:
+                    var = self.scope.var_of(c)
+                    if var is not None:
+                        inner.share(var, c)
+            body = plan_conjunction(branch, sources, inner, self.pc, self.stack)
+            missing = [c for c in cols if c not in body.names]
+            if missing:
+                var = self.scope.var_of(missing[0])
+                raise QueryError(f"{show(clause)}: branch {' '.join(show(c) for c in branch)} does not bind {var}")
+            parts.append(Project(body, cols))
+        kinds = [p.columns for p in parts]
+        if any(k != kinds[0] for k in kinds):
+            raise QueryError(f"{show(clause)}: its branches bind variables of different types")
+        return parts[0] if len(parts) == 1 else Union(parts)
+
+    def seeded_or(self, clause: Or, left: Node | None, left_is_shared: bool) -> Node:
+        if left is None:
+            raise QueryError(f"{show(clause)} needs variables bound by earlier clauses, but none precede it")
+        if not left_is_shared:
+            left = self.arrange(left, left.names)
+        return self.union_of(clause, [left], left.names)
+
     # ------------------------------------------------------------ relations
     def relation(self, clause: Clause, bound: set[str]) -> Node:
         if isinstance(clause, Pattern):
             return self.pattern(clause, bound)
         if isinstance(clause, RuleCall):
             return self.rule_call(clause)
+        if isinstance(clause, Or):
+            return self.union_of(clause, [], [])
         return self.ground(clause)
 
     def pattern(self, clause: Pattern, bound: set[str]) -> Scan:

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
+import statistics
 from collections import Counter, defaultdict
 from typing import Any
 
 from factflow.edn import Keyword
 from factflow.lang.ast import (
-    BindColl, BindRel, BindScalar, BindTuple, Blank, Const, FindVar, FnCall, Not, Or, Pattern, Predicate,
+    Aggregate, BindColl, BindRel, BindScalar, BindTuple, Blank, Const, FindVar, FnCall, Not, Or, Pattern, Predicate,
     Query, RuleCall, Var, clause_vars,
 )
 from factflow.lang.parser import parse_query, parse_rules
@@ -93,12 +94,15 @@ class Oracle:
             bindings = [({**b, **r}, m) for b, m in bindings for r in rows]
         bindings = self._conjunction(query.where, bindings)
         find = [e.var for e in query.find.elements if isinstance(e, FindVar)]
-        keep = list(dict.fromkeys(find + list(query.with_vars)))
+        aggregates = [e for e in query.find.elements if isinstance(e, Aggregate)]
+        keep = list(dict.fromkeys(find + [a.var for a in aggregates] + list(query.with_vars)))
         full = Counter()
         for b, m in bindings:
             full[tuple(b[v] for v in keep)] += m
-        if semantics == "set":
+        if semantics == "set" or aggregates:
             full = Counter({k: 1 for k, n in full.items() if n > 0})
+        if aggregates:
+            return _aggregate(query, keep, full)
         out = Counter()
         for k, n in full.items():
             out[k[: len(find)]] += n
@@ -265,6 +269,65 @@ def _value(binding, term):
     if isinstance(term, Var):
         return binding[term]
     return term.value
+
+
+def _aggregate(query, keep, tuples):
+    """Datomic aggregation: group the set of tuples by the plain find variables."""
+    groups = defaultdict(list)
+    position = {v: i for i, v in enumerate(keep)}
+    plain = [e.var for e in query.find.elements if isinstance(e, FindVar)]
+    for row in tuples:
+        groups[tuple(row[position[v]] for v in plain)].append(row)
+    out = Counter()
+    for key, rows in groups.items():
+        result, plain_values = [], iter(key)
+        for e in query.find.elements:
+            if isinstance(e, FindVar):
+                result.append(next(plain_values))
+            else:
+                result.append(_aggregate_fn(e.fn, e.params, [r[position[e.var]] for r in rows]))
+        out[tuple(result)] = 1
+    return out
+
+
+def _aggregate_fn(fn, params, values):
+    if fn == "count":
+        return len(values)
+    if fn == "count-distinct":
+        return len(set(values))
+    if fn == "sum":
+        return sum(values)
+    if fn == "avg":
+        return sum(values) / len(values)
+    if fn == "median":
+        return float(statistics.median(values))
+    if fn == "variance":
+        return float(statistics.pvariance(values))
+    if fn == "stddev":
+        return float(statistics.pstdev(values))
+    if fn == "distinct":
+        return frozenset(values)
+    if fn in ("min", "max") and params:
+        return tuple(sorted(values, reverse=fn == "max")[: params[0]])
+    if fn == "min":
+        return min(values)
+    if fn == "max":
+        return max(values)
+    raise NotImplementedError(fn)
+
+
+def normalized(counter):
+    """Rows with floats rounded (Spark and Python may differ in the last bits of an average)."""
+    def norm(x):
+        if isinstance(x, float):
+            return round(x, 9)
+        if isinstance(x, tuple):
+            return tuple(norm(y) for y in x)
+        return x
+    out = Counter()
+    for row, n in counter.items():
+        out[norm(row)] += n
+    return Counter({k: n for k, n in out.items() if n})
 
 
 def _join_vars(clause):

@@ -280,3 +280,40 @@ def test_reverse_and_count_indexes_follow_the_forward_index(people, spark):
     assert _face_state(spark, knows.index("count_v"), epoch) == {(3,): 3, (1,): 1}
     people.query("[:find ?a :where [?a :person/knows 3]]")  # a reader holds the epoch back
     assert _face_state(spark, knows.index("count_v"), epoch) == {(3,): 3, (1,): 1}
+
+
+def test_find_specs_shape_results(people):
+    people.transact([add(1, ":person/name", "Ann"), add(2, ":person/name", "Bob"), add(1, ":person/age", 40)])
+    scalar = people.query("[:find (count ?p) . :where [?p :person/name _]]")
+    coll = people.query("[:find [?n ...] :where [_ :person/name ?n]]")
+    tuple_ = people.query("[:find [?n ?a] :where [?p :person/name ?n] [?p :person/age ?a]]")
+    empty = people.query("[:find ?n . :where [?p :person/name ?n] [?p :person/age 99]]")
+    assert scalar.results() == 2
+    assert coll.results() == ["Ann", "Bob"]
+    assert tuple_.results() == ("Ann", 40)
+    assert empty.results() is None
+    assert scalar.rows() == {(2,): 1}
+    people.transact([retract(1, ":person/age", 40)])
+    assert tuple_.results() is None and coll.results() == ["Ann", "Bob"]
+
+
+def test_aggregates_recompute_touched_groups_and_decode_collections(people):
+    people.transact([add(i, ":person/age", a) for i, a in ((1, 10), (2, 20), (3, 20))]
+                    + [add(i, ":person/tag", t) for i, t in ((1, "x"), (2, "x"), (3, "y"))])
+    q = people.query("[:find ?t (distinct ?a) (max 2 ?a) (sample 5 ?p) :where [?p :person/tag ?t] [?p :person/age ?a]]")
+    assert q.results() == {("x", frozenset({10, 20}), (20, 10), (1, 2)): 1, ("y", frozenset({20}), (20,), (3,)): 1}
+    seen = []
+    q.subscribe(lambda epoch, changes: seen.extend(changes))
+    people.transact([add(3, ":person/age", 30)])  # touches group "y" only
+    assert sorted(seen, key=repr) == sorted([(("y", frozenset({20}), (20,), (3,)), -1),
+                                             (("y", frozenset({30}), (30,), (3,)), 1)], key=repr)
+    assert "Reduce" in q.explain()
+
+
+def test_aggregate_errors_name_the_aggregate(people):
+    with pytest.raises(QueryError, match="sum"):
+        people.query("[:find (sum ?n) :where [_ :person/name ?n]]")
+    with pytest.raises(QueryError, match="positive integer"):
+        people.query("[:find (max 0 ?a) :where [_ :person/age ?a]]")
+    with pytest.raises(QueryError, match="rand"):
+        people.query("[:find (rand 2 ?a) :where [_ :person/age ?a]]")

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Callable
+import re
+from typing import TYPE_CHECKING, Any, Callable
 
 import pandas as pd
 
@@ -28,8 +29,17 @@ Subscriber = Callable[[int, list], None]
 class Query:
     """An installed query: its current result and a stream of consolidated changes.
 
-    ``results()`` is ``{row: multiplicity}`` as of the latest epoch (multiplicity 1 under
-    set semantics, the number of derivations under multiset semantics).
+    ``results()`` gives the result as of the latest epoch, shaped by the find spec:
+
+    - relation ``[:find ?a ?b]``: ``{row_tuple: multiplicity}`` (multiplicity 1 under set
+      semantics, the number of derivations under multiset semantics);
+    - collection ``[:find [?a ...]]``: a list of the values, sorted where they compare
+      (each value once under set semantics, repeated per multiplicity under multiset);
+    - tuple ``[:find [?a ?b]]``: one row as a tuple, or None when the result is empty;
+    - scalar ``[:find ?a .]``: one value, or None when the result is empty.
+
+    Where a tuple or scalar query has several rows, the smallest is returned (Datomic
+    returns an arbitrary one; factflow keeps it deterministic).
     ``subscribe(fn)`` calls ``fn(epoch, [(row, diff), ...])`` after every epoch in which
     the result changed; summing the diffs from the install epoch on gives ``results()``.
     """
@@ -44,25 +54,44 @@ class Query:
 
     @property
     def columns(self) -> list[str]:
-        """The :find variables, in order."""
+        """The :find elements, in order (``?x`` or an aggregate such as ``(count ?x)``)."""
         return [str(v) for v, _ in self.dataflow.find]
 
     def _report(self):
         kinds = dict(self.dataflow.result.columns)
         return [(col, kinds[col]) for _, col in self.dataflow.find]
 
-    def results(self) -> dict[tuple, int]:
-        """The result as of the latest epoch, as ``{row_tuple: multiplicity}``."""
+    def _decode(self, rows: list[tuple]) -> list[tuple]:
+        decoders = [self.dataflow.decoders.get(col) for _, col in self.dataflow.find]
+        if not any(decoders):
+            return rows
+        return [tuple(d(x) if d else x for d, x in zip(decoders, row)) for row in rows]
+
+    def rows(self) -> dict[tuple, int]:
+        """The result as of the latest epoch as ``{row_tuple: multiplicity}``, whatever the find spec."""
         frame = self._current()
         self._engine.spark.sparkContext.setJobDescription(f"results of {self.name}")
         data = frame.toArrow().to_pandas()
-        rows = python_rows(data, self._report())
+        rows = self._decode(python_rows(data, self._report()))
         return dict(zip(rows, data[DIFF].astype("int64").tolist()))
+
+    def results(self) -> Any:
+        """The result as of the latest epoch, shaped by the find spec (see the class docs)."""
+        rows = self.rows()
+        kind = self.dataflow.find_kind
+        if kind == "rel":
+            return rows
+        ordered = _sorted([row for row, n in rows.items() for _ in range(max(n, 0))])
+        if kind == "coll":
+            return [row[0] for row in ordered]
+        if not ordered:
+            return None
+        return ordered[0][0] if kind == "scalar" else ordered[0]
 
     def frame(self):
         """The result as of the latest epoch as a Spark DataFrame: one column per :find
         variable (named without the '?') and ``_diff``, the multiplicity."""
-        renamed = [f"{ident(col)} AS {ident(str(v).lstrip('?'))}" for v, col in self.dataflow.find]
+        renamed = [f"{ident(col)} AS {ident(_frame_column(v))}" for v, col in self.dataflow.find]
         return self._engine.spark.sql(f"SELECT {', '.join(renamed + [ident(DIFF)])} FROM ({self._current_sql()})")
 
     def _current(self):
@@ -100,6 +129,8 @@ class Query:
         changes = changes_from_frame(frame, self._report(), diff)
         if not changes:
             return []
+        if self.dataflow.decoders:
+            changes = list(zip(self._decode([row for row, _ in changes]), [d for _, d in changes]))
         errors = []
         for fn in list(self._subscribers):
             try:
@@ -124,3 +155,16 @@ class Query:
 
     def __repr__(self) -> str:
         return f"<factflow.Query {self.name} {'closed' if self.closed else 'installed at epoch ' + str(self.installed_at)}>"
+
+
+def _frame_column(element) -> str:
+    """A DataFrame column name for a find element: ``?x`` -> ``x``, ``(count ?x)`` -> ``count_x``."""
+    text = str(element).strip("()").replace("?", "")
+    return re.sub(r"[^A-Za-z0-9]+", "_", text).strip("_")
+
+
+def _sorted(rows: list[tuple]) -> list[tuple]:
+    try:
+        return sorted(rows)
+    except TypeError:  # values that do not compare (e.g. None, frozensets): keep Spark's order
+        return rows

@@ -9,12 +9,14 @@ semantics, so each tuple is reported once; plain multiplicities under multiset).
 from __future__ import annotations
 
 import warnings
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
+from factflow.dataflow.aggregate import Reduce, aggregate_spec
 from factflow.dataflow.nodes import Arranged, Distinct, Node, Project, Stateful, Static
 from factflow.errors import QueryError
 from factflow.lang.ast import (
-    Aggregate, BindScalar, Blank, Const, FindVar, FnCall, Pattern, Query, Var, binding_vars, show, term_vars,
+    Aggregate, BindScalar, Blank, Const, FindElement, FindVar, FnCall, Pattern, Query, Var, binding_vars, show,
+    term_vars,
 )
 from factflow.planner.conjunction import Scope, pattern_kinds, plan_conjunction
 from factflow.planner.context import PlanContext
@@ -28,12 +30,14 @@ STRATEGIES = ("auto", "binary", "delta", "wco")
 class Dataflow:
     """A synthesized query: its operators, the state they hold, and its result operator."""
 
-    def __init__(self, pc: PlanContext, result: Stateful, find: list[tuple[Var, str]], strategy: str,
-                 requested: str):
+    def __init__(self, pc: PlanContext, result: Stateful, find: list[tuple[FindElement, str]], strategy: str,
+                 requested: str, find_kind: str = "rel", decoders: dict[str, Callable] | None = None):
         self.pc = pc
         self.name = pc.name
         self.result = result
         self.find = find
+        self.find_kind = find_kind
+        self.decoders = dict(decoders or {})
         self.strategy = strategy
         self.requested_strategy = requested
         self.semantics = pc.semantics
@@ -65,7 +69,7 @@ class Dataflow:
             f"  strategy: {self.strategy}" + (f" (requested {self.requested_strategy})"
                                                 if self.requested_strategy != self.strategy else ""),
             f"  semantics: {self.semantics}",
-            f"  find: {' '.join(str(v) for v, _ in self.find)}",
+            f"  find ({self.find_kind}): {' '.join(str(v) for v, _ in self.find)}",
             "  plan:",
         ]
         seen: set[int] = set()
@@ -155,27 +159,45 @@ def synthesize(query: Query, inputs: Sequence[Any], pc: PlanContext, join: str) 
     if join in ("delta", "wco"):
         warnings.warn(f"join={join!r} is not implemented yet; using join-at-a-time ('binary') plans",
                       stacklevel=3)
-    if query.find.kind != "rel":
-        raise QueryError("only relation find specs (:find ?a ?b) are supported yet")
-    for element in query.find.elements:
-        if isinstance(element, Aggregate):
-            raise QueryError(f"aggregates are not supported yet: {element}")
     scope = Scope(pc)
     sources = _bind_inputs(query, inputs, scope, pc)
     root = plan_conjunction(query.where, sources, scope, pc)
     find_vars = [e.var for e in query.find.elements if isinstance(e, FindVar)]
     if len(set(find_vars)) != len(find_vars):
         raise QueryError(":find names a variable twice")
-    output = list(dict.fromkeys(find_vars + list(query.with_vars)))
+    aggregates = [e for e in query.find.elements if isinstance(e, Aggregate)]
+    output = list(dict.fromkeys(find_vars + [a.var for a in aggregates] + list(query.with_vars)))
     for v in output:
         if scope.col(v) not in root.names:
             raise QueryError(f"{v} in :find{'/:with' if v in query.with_vars else ''} is not bound by any clause")
     columns = [scope.col(v) for v in output]
     projected = Project(root, columns)
+    if aggregates:
+        return _aggregation(query, pc, scope, projected, find_vars, aggregates, strategy, join)
     trace = pc.private_trace("result", projected.columns, tuple(columns), "result")
     needs_distinct = pc.semantics == "set" and not _unique_derivations(query, pc, output)
     result: Stateful = (Distinct(projected, trace, pc.name, role="result") if needs_distinct
                         else Arranged(projected, trace, pc.name))
     result.role = "result"
-    find = [(v, scope.col(v)) for v in find_vars]
-    return Dataflow(pc, result, find, strategy, join)
+    find = [(FindVar(v), scope.col(v)) for v in find_vars]
+    return Dataflow(pc, result, find, strategy, join, query.find.kind)
+
+
+def _aggregation(query: Query, pc: PlanContext, scope: Scope, projected: Node, find_vars: list[Var],
+                 aggregates: list[Aggregate], strategy: str, join: str) -> Dataflow:
+    """Group the set of find (and :with) tuples by the plain find variables and aggregate."""
+    inputs = pc.private_trace("aggregate input", projected.columns, tuple(projected.names), "intermediate")
+    tuples = Distinct(projected, inputs, pc.name)
+    group = [scope.col(v) for v in find_vars]
+    specs = []
+    for a in aggregates:
+        col = scope.col(a.var)
+        specs.append(aggregate_spec(a.fn, a.params, col, projected.kind_of(col), pc.column(a.fn), show(a)))
+    trace = pc.private_trace("result", tuple((g, projected.kind_of(g)) for g in group)
+                             + tuple((s.column, s.kind) for s in specs), tuple(group), "result")
+    result = Reduce(tuples, group, specs, trace, pc.name)
+    by_agg = dict(zip(aggregates, specs))
+    find = [(e, scope.col(e.var)) if isinstance(e, FindVar) else (e, by_agg[e].column)
+            for e in query.find.elements]
+    decoders = {s.column: s.decode for s in specs if s.decode is not None}
+    return Dataflow(pc, result, find, strategy, join, query.find.kind, decoders)

@@ -42,6 +42,11 @@ RULES = """[
  [(older-friend ?a ?b) (mutual ?a ?b) (older ?b)]
  [(lonely ?e) [?e :d/name _] (not [?e :d/friend _])]
  [(tagged-or-flagged ?e) (or [?e :d/tag _] [?e :d/flag true])]
+ [(reach ?a ?b) [?a :d/friend ?b]]
+ [(reach ?a ?b) [?a :d/friend ?c] (reach ?c ?b)]
+ [(even-hop ?a ?b) (odd-hop ?a ?c) [?c :d/friend ?b]]
+ [(odd-hop ?a ?b) [?a :d/friend ?b]]
+ [(odd-hop ?a ?b) (even-hop ?a ?c) [?c :d/friend ?b]]
 ]"""
 
 # (query, inputs, semantics)
@@ -104,6 +109,10 @@ CATALOG = [
     ("[:find ?t (distinct ?e) (min 2 ?e) (max 2 ?e) :where [?e :d/tag ?t]]", (), "set"),
     ("[:find ?e (sum ?s) (min ?n) :with ?f :where [?e :d/friend ?f] [?f :d/score ?s] [?e :d/name ?n]]", (), "set"),
     ("[:find ?a (count ?b) :where (mutual ?a ?b) (not [?b :d/flag true])]", (), "set"),
+    # recursion (transitive closure with cycles, mutual recursion, negation above recursion)
+    ("[:find ?a ?b :where (reach ?a ?b)]", (), "set"),
+    ("[:find ?b :where (reach 1 ?b)]", (), "set"),
+    ("[:find ?a ?b :where (even-hop ?a ?b) (not (reach ?b ?a))]", (), "set"),
 ]
 
 

@@ -53,6 +53,14 @@ class EpochContext:
             self._memo[key] = build()
         return self._memo[key]
 
+    def child(self) -> "EpochContext":
+        """A context for one step of an iterative operator: the same epoch, statement and
+        memoized relations, whose memo entries it may then replace without affecting this one."""
+        sub = EpochContext(self.epoch, self.install, self.small)
+        sub._memo = dict(self._memo)
+        sub._sql = self._sql
+        return sub
+
     def set(self, owner: object, what: str, relation: str | None) -> None:
         """Replace a memoized relation (with a materialized equivalent)."""
         self._memo[(id(owner), what)] = relation

@@ -112,4 +112,4 @@ def empty(columns: Sequence[tuple[str, Kind]]) -> str:
     """An empty Z-set with the given columns."""
     outs = [f"CAST(NULL AS {sql_type(k)}) AS {ident(n)}" for n, k in columns]
     outs.append(f"CAST(0 AS BIGINT) AS {ident(DIFF)}")
-    return f"SELECT {', '.join(outs)} WHERE FALSE"
+    return f"SELECT {', '.join(outs)} FROM range(0)"

@@ -22,6 +22,7 @@ from pyspark.sql import types as T
 from factflow.arrangement.batch import DIFF, checkpoint, drop_view, register_view, release_checkpoint
 from factflow.dataflow.context import EpochContext
 from factflow.dataflow.nodes import OUT, Distinct, Node, Scan, Stateful
+from factflow.dataflow.recursion import Fixpoint
 from factflow.engine.collect import Collector
 from factflow.model.types import Kind, spark_type
 
@@ -34,17 +35,17 @@ __all__ = ["Evaluation"]
 STATE, PENDING = "state", "pending"
 
 
-def _stateful_inputs(node: Stateful) -> list[Stateful]:
-    """Stateful operators whose output ``node`` reads directly (not through another one)."""
-    found: list[Stateful] = []
-    stack: list[Node] = [node.child]
+def _stateful_inputs(node: Node) -> list[Node]:
+    """Evaluated operators (stateful ones and fixpoints) whose output ``node`` reads directly."""
+    found: list[Node] = []
+    stack: list[Node] = list(node.inputs())
     seen: set[int] = set()
     while stack:
         n = stack.pop()
         if id(n) in seen:
             continue
         seen.add(id(n))
-        if isinstance(n, Stateful):
+        if isinstance(n, (Stateful, Fixpoint)):
             found.append(n)
         else:
             stack.extend(n.inputs())
@@ -76,15 +77,17 @@ class Evaluation:
         self.small_statements = small_statements
         self._views: list[str] = []
         self._stored: list[DataFrame] = []
+        self._local: dict[str, pd.DataFrame] = {}
 
     def schedule(self, nodes: list[Stateful]) -> list[list[tuple[Stateful, str]]]:
         """Rounds of (operator, step) pairs; a split Distinct computes STATE a round before PENDING."""
         rounds: dict[int, int] = {}
 
-        def pending_round(n: Stateful) -> int:
+        def pending_round(n: Node) -> int:
             if id(n) not in rounds:
-                base = max((pending_round(u) for u in _stateful_inputs(n)), default=0)
-                rounds[id(n)] = base + (1 if self._split(n) else 0)
+                base = max((pending_round(u) + (1 if isinstance(u, Fixpoint) else 0) for u in _stateful_inputs(n)),
+                           default=0)
+                rounds[id(n)] = base + (1 if self._split(n) or isinstance(n, Fixpoint) else 0)
             return rounds[id(n)]
 
         schedule: list[list[tuple[Stateful, str]]] = []
@@ -101,12 +104,18 @@ class Evaluation:
         cx = self.cx
         return isinstance(node, Distinct) and (cx.install or not cx.small or _touches_stored_state(node))
 
-    def run(self, nodes: list[Stateful], subscribed: set, description: str) -> dict[Stateful, pd.DataFrame]:
+    def run(self, nodes: list[Node], subscribed: set, description: str) -> dict[Stateful, pd.DataFrame]:
         """Compute, commit and return the pending rows of ``nodes`` (outputs of result operators)."""
         outputs: dict[Stateful, pd.DataFrame] = {}
         try:
             for number, steps in enumerate(self.schedule(nodes)):
                 label = f"{description} (round {number + 1})" if number else description
+                for node, _ in steps:
+                    if isinstance(node, Fixpoint):
+                        self._fixpoint(node, label)
+                steps = [(node, step) for node, step in steps if not isinstance(node, Fixpoint)]
+                if not steps:
+                    continue
                 if self.cx.small and not self.cx.install:
                     self._fetch(steps, outputs, label)
                 else:
@@ -117,8 +126,43 @@ class Evaluation:
             for stored in self._stored:
                 release_checkpoint(stored)
         for node in nodes:
-            node.trace.advance_upper(self.cx.epoch + 1)
+            for trace in (node.traces.values() if isinstance(node, Fixpoint) else [node.trace]):
+                trace.advance_upper(self.cx.epoch + 1)
         return outputs
+
+    # ------------------------------------------------------------ recursive components
+    def _fixpoint(self, node: Fixpoint, label: str) -> None:
+        """Run a fixpoint's iterations (each materialized) and commit its rules' changes."""
+        changes = node.run(self.cx, lambda sub, rel, columns, what: self._materialize(sub, rel, columns,
+                                                                                    f"{label}: {what}"))
+        for rule, output in node.outputs.items():
+            change = changes.get(rule)
+            if change is not None:
+                view, rows = self._materialize(self.cx, change, node.rules[rule], f"{label}: change of {rule}")
+                change = view if rows else None
+                if change is not None:
+                    trace = node.traces[rule]
+                    trace.append_pandas(self._local[view], self.cx.epoch)
+            output.publish(self.cx, change)
+
+    def _materialize(self, cx: EpochContext, relation: str, columns, label: str) -> tuple[str, int]:
+        """Evaluate ``relation`` once into driver memory, shipped back as a local relation.
+
+        Iteration results are collected even in bulk epochs: unions of several checkpoints
+        of plans over the same views trip Spark 4.1's optimizer (attribute lookups fail in
+        PruneFilters), while local relations are safe. This bounds fixpoints by driver
+        memory; checkpointed iterations are the next step for large closures.
+        """
+        self.spark.sparkContext.setJobDescription(label)
+        with self.small_statements():
+            data = self.spark.sql(cx.statement(f"SELECT * FROM {relation}")).toArrow().to_pandas()
+        schema = T.StructType([T.StructField(n, spark_type(k), True) for n, k in columns]
+                              + [T.StructField(DIFF, T.LongType(), False)])
+        view = register_view(self.spark.createDataFrame(data, schema=schema), prefix="ff_l")
+        self._views.append(view)
+        relation = f"(SELECT /*+ COALESCE(1) */ * FROM {view})"
+        self._local[relation] = data
+        return relation, len(data)
 
     # ------------------------------------------------------------ small epochs: fetch to the driver
     def _fetch(self, steps, outputs, label: str) -> None:

@@ -27,6 +27,7 @@ from factflow.lang.ast import (
 from factflow.lang.rules import bound_vars
 from factflow.model.types import Kind, coerce_value, kind_of_python_value
 from factflow.planner.context import PlanContext
+from factflow.planner.recursion import component_of, plan_component
 from factflow.planner.relations import binding_rows, static_relation
 
 __all__ = ["Scope", "plan_conjunction", "pattern_kinds"]
@@ -135,7 +136,12 @@ class _Conjunction:
         return left
 
     def arrange(self, node: Node, on: Sequence[str]) -> Node:
-        """``node`` arranged privately by ``on`` (it is read again as a whole by a join)."""
+        """``node`` arranged privately by ``on`` (it is read again as a whole by a join).
+
+        Inside a recursive component nothing is arranged: its bodies are re-evaluated per
+        iteration, so intermediate state would go stale."""
+        if self.pc.transient:
+            return node
         key = tuple(on) if on else tuple(node.names)
         trace = self.pc.private_trace(f"join state by {', '.join(key)}", node.columns, key, "intermediate")
         return Arranged(node, trace, self.pc.name)
@@ -253,6 +259,9 @@ class _Conjunction:
         inner = self.inner_scope(join_vars)
         if self.standalone([clause.clauses], join_vars):
             body = plan_conjunction(clause.clauses, [], inner, self.pc, self.stack)
+        elif self.pc.transient:
+            raise QueryError(f"{show(clause)} inside a recursive rule must bind its variables itself "
+                             "(negation that reads the rule's other bindings is not supported there)")
         else:  # the negated clauses need the outer bindings: evaluate them on those
             seed = self.distinct(Project(node, cols), f"bindings of {show(clause)}")
             body = plan_conjunction(clause.clauses, [seed], inner, self.pc, self.stack)
@@ -364,9 +373,9 @@ def rule_relation(name: str, pc: PlanContext, stack: tuple[str, ...], where: str
     cache = pc.rule_relations
     if name in cache:
         return cache[name]
-    if name in stack:
-        cycle = " -> ".join(stack[stack.index(name):] + (name,))
-        raise QueryError(f"recursive rules are not supported yet: {cycle}")
+    component = component_of(name, pc, where)
+    if component:
+        return plan_component(name, component, pc, stack, where)
     bodies = pc.rules.bodies(name, where)
     columns = [pc.column(f"{name}_{i}") for i in range(len(bodies[0].head))]
     parts: list[Node] = []

@@ -41,6 +41,7 @@ class PlanContext:
         self.traces: list[tuple[Trace, str]] = []
         self.attributes: set[Keyword] = set()
         self.rule_relations: dict[str, tuple] = {}
+        self.transient = False  # planning the bodies of a recursive component
         self.views: list[str] = []
         self._columns = 0
 

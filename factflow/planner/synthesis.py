@@ -12,6 +12,7 @@ import warnings
 from typing import Any, Callable, Sequence
 
 from factflow.dataflow.aggregate import Reduce, aggregate_spec
+from factflow.dataflow.recursion import Fixpoint
 from factflow.dataflow.nodes import Arranged, Distinct, Node, Project, Stateful, Static
 from factflow.errors import QueryError
 from factflow.lang.ast import (
@@ -42,7 +43,7 @@ class Dataflow:
         self.requested_strategy = requested
         self.semantics = pc.semantics
         self.nodes: list[Node] = result.walk()
-        self.stateful: list[Stateful] = [n for n in self.nodes if isinstance(n, Stateful)]
+        self.stateful: list[Node] = [n for n in self.nodes if isinstance(n, (Stateful, Fixpoint))]
         self.attributes = set(pc.attributes)
 
     @property

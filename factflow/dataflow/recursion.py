@@ -1,0 +1,327 @@
+"""Recursive rules: a fixed point per strongly connected component of rules, maintained by DRed.
+
+A :class:`Fixpoint` holds the current set of every rule of one recursive component (one
+private trace per rule) and, per epoch, brings them up to date with *delete and
+rederive* over semi-naive iterations, each iteration one Spark statement:
+
+1. **Overdelete.** The rule bodies' change under the epoch's input changes, with the
+   recursive relations held at their old state, gives the derivations lost (bindings whose
+   count drops). Their heads, then everything derivable from a deleted tuple in the old
+   state, transitively, are marked deleted (``D``).
+2. **Rederive.** Each body is planned a second time behind a *guard* holding the marked
+   heads, so that only derivations of marked tuples are evaluated: a marked tuple with a
+   derivation from the new inputs and the unmarked state (``S - D``) comes back (``R``).
+3. **Insert.** Semi-naive iteration from ``S - D`` with the new inputs: the first delta is
+   ``R`` plus the heads of derivations the input changes gained; each next delta is the
+   heads derived from the previous delta that are not yet present.
+
+The epoch's change is then ``(everything inserted) - D``. Work is proportional to the
+derivations touched by the change (and by the overdeleted tuples), not to the size of the
+relations; a retraction that other derivations still support is rederived, never lost.
+Installing is the insert phase from empty state. Differential dataflow's iteration
+timestamps would avoid overdeletion, but need per-iteration versions of every
+arrangement, which Spark batches make costly; DRed keeps only the rule sets themselves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from factflow.arrangement.batch import DIFF
+from factflow.arrangement.trace import Trace
+from factflow.dataflow import zset
+from factflow.dataflow.context import EpochContext, Version
+from factflow.dataflow.nodes import Columns, Node, Scan, Static, Stateful
+from factflow.dataflow.zset import ident
+
+__all__ = ["Placeholder", "RuleOutput", "RecursiveBody", "Fixpoint"]
+
+# (sql relation, columns) -> (view name, row count); provided by the engine's evaluation
+Materialize = Callable[[EpochContext, str, Columns, str], tuple[str, int]]
+
+
+class Placeholder(Node):
+    """A relation whose change and states the fixpoint sets for each iteration
+    (a recursive rule's current set, or a guard of marked heads)."""
+
+    def __init__(self, columns: Columns, label: str):
+        self.columns = columns
+        self.label = label
+
+    def _delta(self, cx):
+        raise AssertionError(f"{self.label}: read outside its fixpoint")
+
+    _read = _delta
+
+    def describe(self):
+        return f"Recursive reference {self.label}"
+
+
+@dataclass
+class RecursiveBody:
+    """One body of a rule in the component: its plan, the same plan behind a guard, and
+    which body columns carry the rule's arguments."""
+
+    rule: str
+    plan: Node
+    guarded: Node
+    guard: Placeholder
+    head: list[str]
+    guarded_head: list[str]
+    guard_from: list[tuple[str, str]]  # (rule column, guard column) per distinct head variable
+
+
+class Fixpoint(Node):
+    """The fixed point of one recursive component of rules (see the module docs)."""
+
+    def __init__(self, rules: dict[str, Columns], refs: dict[str, Placeholder], bodies: list[RecursiveBody],
+                 traces: dict[str, Trace], owner: str):
+        self.rules = rules
+        self.refs = refs
+        self.bodies = bodies
+        self.traces = traces
+        self.handles = {name: trace.handle(trace.upper - 1, owner) for name, trace in traces.items()}
+        self.columns = ()
+        self.outputs: dict[str, RuleOutput] = {name: RuleOutput(self, name) for name in rules}
+
+    def inputs(self):
+        return tuple(b.plan for b in self.bodies) + tuple(b.guarded for b in self.bodies)
+
+    def describe(self):
+        return f"Fixpoint of {', '.join(self.rules)} (delete and rederive, semi-naive)"
+
+    # ------------------------------------------------------------ evaluation
+    def _names(self, rule: str) -> list[str]:
+        return [n for n, _ in self.rules[rule]]
+
+    def _leaves(self) -> list[Node]:
+        """Nodes the bodies read that the fixpoint does not evaluate itself."""
+        leaves, seen = [], set()
+        stack: list[Node] = list(self.inputs())
+        while stack:
+            n = stack.pop()
+            if id(n) in seen:
+                continue
+            seen.add(id(n))
+            if isinstance(n, Placeholder):
+                continue
+            if isinstance(n, (Scan, Static, Stateful, RuleOutput)):
+                leaves.append(n)
+                continue
+            stack.extend(n.inputs())
+        return leaves
+
+    def _sub(self, cx: EpochContext, leaves: str) -> EpochContext:
+        """A context for one iteration: inputs as they changed (``actual``) or frozen at OLD or NEW."""
+        sub = cx.child()
+        for leaf in self._leaves():
+            if leaves == "actual":
+                entries = {"delta": leaf.delta(cx), "read-old": leaf.read(cx, Version.OLD),
+                           "read-new": leaf.read(cx, Version.NEW)}
+            else:
+                version = Version.OLD if leaves == "old" else Version.NEW
+                frozen = leaf.read(cx, version)
+                entries = {"delta": None, "read-old": frozen, "read-new": frozen}
+                if isinstance(leaf, Stateful):
+                    state = leaf.state(cx, version)
+                    entries.update({"state-old": state, "state-new": state})
+            for what, relation in entries.items():
+                sub.set(leaf, what, relation)
+        return sub
+
+    @staticmethod
+    def _bind(sub: EpochContext, ref: Node, old: str, delta: str | None, new: str) -> None:
+        sub.set(ref, "read-old", old)
+        sub.set(ref, "delta", delta)
+        sub.set(ref, "read-new", new)
+
+    def _heads(self, sub: EpochContext, body: RecursiveBody, guarded: bool, sign: str) -> str | None:
+        """Distinct rule tuples of the body's change with bindings of the given sign (``>`` or ``<``)."""
+        plan, head = (body.guarded, body.guarded_head) if guarded else (body.plan, body.head)
+        d = plan.delta(sub)
+        if d is None:
+            return None
+        bindings = sub.define(zset.consolidate(d, plan.names))
+        names = self._names(body.rule)
+        outs = [f"{ident(c)} AS {ident(n)}" for c, n in zip(head, names)]
+        return sub.define(f"SELECT DISTINCT {', '.join(outs)}, CAST(1 AS BIGINT) AS {ident(DIFF)} "
+                          f"FROM {bindings} WHERE {ident(DIFF)} {sign} 0")
+
+    def _collect(self, sub: EpochContext, per_rule: dict[str, list[str]], minus: dict[str, list[str]],
+                 materialize: Materialize, label: str) -> dict[str, tuple[str, int]]:
+        """Materialize, per rule, the distinct union of ``per_rule`` relations minus ``minus`` relations."""
+        out = {}
+        for rule, parts in per_rule.items():
+            if not parts:
+                continue
+            names = self._names(rule)
+            rel = sub.define(f"SELECT DISTINCT * FROM ({zset.union(parts, names)})")
+            for m in minus.get(rule, []):
+                rel = sub.define(zset.semijoin(rel, m, names, anti=True))
+            view, rows = materialize(sub, rel, self.rules[rule], f"{label} of {rule}")
+            if rows:
+                out[rule] = (view, rows)
+        return out
+
+    def _set(self, cx: EpochContext, rule: str, parts: list[str]) -> str:
+        names = self._names(rule)
+        if not parts:
+            return cx.define(zset.empty(self.rules[rule]))
+        return cx.define(f"SELECT DISTINCT * FROM ({zset.union(parts, names)})") if len(parts) > 1 else parts[0]
+
+    def _minus(self, cx: EpochContext, rule: str, relation: str, removed: list[str]) -> str:
+        names = self._names(rule)
+        for r in removed:
+            relation = cx.define(zset.semijoin(relation, r, names, anti=True))
+        return relation
+
+    def run(self, cx: EpochContext, materialize: Materialize, max_iterations: int = 100_000) -> dict[str, str]:
+        """Bring every rule of the component up to date; returns each rule's change relation."""
+        rules = list(self.rules)
+        if cx.install:
+            old = {r: cx.define(zset.empty(self.rules[r])) for r in rules}
+        else:
+            old = {r: cx.define(self._present(self.handles[r].read(cx.old_epoch), r)) for r in rules}
+        deleted: dict[str, list[str]] = {r: [] for r in rules}
+        rederived: dict[str, list[str]] = {r: [] for r in rules}
+        if not cx.install:
+            # 1. overdelete
+            sub = self._sub(cx, "actual")
+            for r in rules:
+                self._bind(sub, self.refs[r], old[r], None, old[r])
+            lost = {r: [] for r in rules}
+            for b in self.bodies:
+                h = self._heads(sub, b, False, "<")
+                if h is not None:
+                    lost[b.rule].append(sub.define(zset.semijoin(h, old[b.rule], self._names(b.rule))))
+            frontier = self._collect(sub, lost, {}, materialize, "overdelete")
+            iterations = 0
+            while frontier:
+                iterations += 1
+                prior = {r: list(deleted[r]) for r in rules}
+                for r, (view, _) in frontier.items():
+                    deleted[r].append(view)
+                sub = self._sub(cx, "old")
+                for r in rules:
+                    before = self._minus(sub, r, old[r], prior[r])
+                    after = self._minus(sub, r, old[r], deleted[r])
+                    delta = (sub.define(zset.select(frontier[r][0], self._names(r), diff=f"-{ident(DIFF)}"))
+                             if r in frontier else None)
+                    self._bind(sub, self.refs[r], before, delta, after)
+                lost = {r: [] for r in rules}
+                for b in self.bodies:
+                    h = self._heads(sub, b, False, "<")
+                    if h is not None:
+                        remaining = self._minus(sub, b.rule, old[b.rule], deleted[b.rule])
+                        lost[b.rule].append(sub.define(zset.semijoin(h, remaining, self._names(b.rule))))
+                frontier = self._collect(sub, lost, {}, materialize, f"overdelete {iterations}")
+                if iterations > max_iterations:
+                    raise AssertionError("overdeletion did not terminate")
+            # 2. rederive
+            if any(deleted.values()):
+                sub = self._sub(cx, "new")
+                for r in rules:
+                    kept = self._minus(sub, r, old[r], deleted[r])
+                    self._bind(sub, self.refs[r], kept, None, kept)
+                for b in self.bodies:
+                    marked = self._set(sub, b.rule, deleted[b.rule])
+                    picks = ", ".join(f"{ident(n)} AS {ident(g)}" for n, g in b.guard_from)
+                    guard = sub.define(_dedupe(f"(SELECT {picks} FROM {marked})", b.guard.names))
+                    self._bind(sub, b.guard, sub.define(zset.empty(b.guard.columns)), guard, guard)
+                back = {r: [] for r in rules}
+                for b in self.bodies:
+                    h = self._heads(sub, b, True, ">")
+                    if h is not None:
+                        back[b.rule].append(h)
+                for r, (view, _) in self._collect(sub, back, {}, materialize, "rederive").items():
+                    rederived[r].append(view)
+        # 3. insert
+        current = {r: self._minus(cx, r, old[r], deleted[r]) for r in rules}
+        sub = self._sub(cx, "actual")
+        for r in rules:
+            seed_state = self._set(sub, r, [current[r]] + rederived[r])
+            self._bind(sub, self.refs[r], seed_state, None, seed_state)
+        gained = {r: list(rederived[r]) for r in rules}
+        for b in self.bodies:
+            h = self._heads(sub, b, False, ">")
+            if h is not None:
+                gained[b.rule].append(h)
+        frontier = self._collect(sub, gained, {r: [current[r]] for r in rules}, materialize, "insert")
+        inserted: dict[str, list[str]] = {r: [] for r in rules}
+        iterations = 0
+        while frontier:
+            iterations += 1
+            sub = self._sub(cx, "new")
+            for r in rules:
+                before = self._set(sub, r, [current[r]] + inserted[r])
+                if r in frontier:
+                    after = self._set(sub, r, [before, frontier[r][0]])
+                    self._bind(sub, self.refs[r], before, frontier[r][0], after)
+                else:
+                    self._bind(sub, self.refs[r], before, None, before)
+            for r, (view, _) in frontier.items():
+                inserted[r].append(view)
+            derived = {r: [] for r in rules}
+            for b in self.bodies:
+                h = self._heads(sub, b, False, ">")
+                if h is not None:
+                    derived[b.rule].append(h)
+            present = {r: [current[r]] + inserted[r] for r in rules}
+            frontier = self._collect(sub, derived, present, materialize, f"insert {iterations}")
+            if iterations > max_iterations:
+                raise AssertionError("semi-naive iteration did not terminate")
+        changes = {}
+        for r in rules:
+            names = self._names(r)
+            parts = inserted[r] + [cx.define(zset.select(d, names, diff=f"-{ident(DIFF)}")) for d in deleted[r]]
+            if parts:
+                changes[r] = cx.define(zset.consolidate(f"({zset.union(parts, names)})", names))
+        return changes
+
+    def _present(self, updates: str, rule: str) -> str:
+        names = self._names(rule)
+        counts = zset.consolidate(updates, names)
+        outs = [ident(n) for n in names] + [f"CAST(1 AS BIGINT) AS {ident(DIFF)}"]
+        return f"SELECT {', '.join(outs)} FROM ({counts}) WHERE {ident(DIFF)} > 0"
+
+
+def _dedupe(relation: str, names: Sequence[str]) -> str:
+    outs = [ident(n) for n in names] + [f"CAST(1 AS BIGINT) AS {ident(DIFF)}"]
+    return f"SELECT DISTINCT {', '.join(outs)} FROM {relation}"
+
+
+class RuleOutput(Node):
+    """One rule of a :class:`Fixpoint` as a set-valued relation for the operators that use it."""
+
+    def __init__(self, fixpoint: Fixpoint, rule: str):
+        self.fixpoint = fixpoint
+        self.rule = rule
+        self.columns = fixpoint.rules[rule]
+
+    def inputs(self):
+        return (self.fixpoint,)
+
+    def _delta(self, cx):
+        raise AssertionError(f"rule {self.rule} read before its fixpoint ran")
+
+    def _read(self, cx, version):
+        raise AssertionError(f"rule {self.rule} read before its fixpoint ran")
+
+    def publish(self, cx: EpochContext, change: str | None) -> None:
+        """Record this epoch's change (a materialized relation) and the states it implies."""
+        fp = self.fixpoint
+        if cx.install:
+            old = cx.define(zset.empty(self.columns))
+        else:
+            old = cx.define(fp._present(fp.handles[self.rule].read(cx.old_epoch), self.rule))
+        cx.set(self, "delta", change)
+        cx.set(self, "read-old", old)
+        if change is None:
+            cx.set(self, "read-new", old)
+        else:
+            both = zset.union([old, change], self.names)
+            cx.set(self, "read-new", cx.define(fp._present(f"({both})", self.rule)))
+
+    def describe(self):
+        return f"Rule {self.rule} (recursive)"

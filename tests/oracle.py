@@ -13,10 +13,9 @@ import statistics
 from collections import Counter, defaultdict
 from typing import Any
 
-from factflow.edn import Keyword
 from factflow.lang.ast import (
     Aggregate, BindColl, BindRel, BindScalar, BindTuple, Blank, Const, FindVar, FnCall, Not, Or, Pattern, Predicate,
-    Query, RuleCall, Var, clause_vars,
+    RuleCall, Var, clause_vars,
 )
 from factflow.lang.parser import parse_query, parse_rules
 

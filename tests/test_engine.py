@@ -1,13 +1,12 @@
 """Engine behaviour through the public API: input semantics, errors, queries, subscriptions, stats."""
 
 import datetime as dt
-import warnings
 
 import pandas as pd
 import pytest
 
 from factflow import (
-    EngineClosedError, FactflowError, QueryError, RuleError, SchemaError, TransactionError, UnknownAttributeError,
+    EngineClosedError, QueryError, RuleError, SchemaError, TransactionError, UnknownAttributeError,
 )
 
 

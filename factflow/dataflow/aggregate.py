@@ -31,7 +31,7 @@ from factflow.model.types import Kind
 __all__ = ["AggregateSpec", "aggregate_spec", "Reduce"]
 
 NUMERIC_ONLY = {"sum", "avg", "median", "variance", "stddev"}
-COLLECTIONS = {"distinct": frozenset, "min": tuple, "max": tuple, "sample": tuple}
+TAKING_N = {"min", "max", "sample"}  # (fn n ?x) forms, which return a tuple of up to n values
 
 
 @dataclass(frozen=True)
@@ -49,9 +49,9 @@ def aggregate_spec(fn: str, params: Sequence[Any], column: str, kind: Kind, out:
     x = ident(column)
     if fn in NUMERIC_ONLY and not kind.numeric:
         raise QueryError(f"{where}: {fn} needs numbers, but its argument is a {kind.value}")
-    if params and fn not in COLLECTIONS:
+    if params and fn not in TAKING_N:
         raise QueryError(f"{where}: {fn} takes no leading arguments")
-    if fn in ("min", "max", "sample") and params or fn == "sample":
+    if params or fn == "sample":
         if len(params) != 1 or not isinstance(params[0], int) or isinstance(params[0], bool) or params[0] < 1:
             raise QueryError(f"{where}: the count of ({fn} n ?x) must be a positive integer")
         n = params[0]
@@ -99,8 +99,7 @@ class Reduce(Stateful):
     def _aggregate(self, relation: str) -> str:
         outs = [ident(g) for g in self.group] + [f"{s.sql} AS {ident(s.column)}" for s in self.specs]
         group = f" GROUP BY {', '.join(ident(g) for g in self.group)}" if self.group else ""
-        inner = f"SELECT {', '.join(outs)}, CAST(1 AS BIGINT) AS {ident(DIFF)} FROM {relation}{group} HAVING COUNT(*) > 0"
-        return inner
+        return f"SELECT {', '.join(outs)}, CAST(1 AS BIGINT) AS {ident(DIFF)} FROM {relation}{group} HAVING COUNT(*) > 0"
 
     def _state_delta(self, cx):
         d = self.child.delta(cx)

@@ -15,7 +15,7 @@ epoch for all queries together and then committed to their traces.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 from factflow.arrangement.batch import DIFF
 from factflow.arrangement.trace import Trace, TraceHandle
@@ -69,6 +69,22 @@ class Node:
 
     def _read(self, cx: EpochContext, version: Version) -> str:
         raise NotImplementedError
+
+    def reachable(self, stop: Callable[["Node"], bool] = lambda n: False) -> list["Node"]:
+        """Every operator upstream of this one (not itself), each once; the search does not
+        go past operators for which ``stop`` is true (they are included)."""
+        found: list[Node] = []
+        seen: set[int] = set()
+        stack: list[Node] = list(self.inputs())
+        while stack:
+            n = stack.pop()
+            if id(n) in seen:
+                continue
+            seen.add(id(n))
+            found.append(n)
+            if not stop(n):
+                stack.extend(n.inputs())
+        return found
 
     def walk(self) -> list["Node"]:
         """This operator and everything upstream of it, each once, inputs first."""
@@ -451,9 +467,7 @@ class Distinct(Stateful):
 
     def _present(self, cx: EpochContext, updates: str) -> str:
         """Tuples whose accumulated count in ``updates`` is positive, each once."""
-        counts = zset.consolidate(updates, self.names)
-        outs = [ident(n) for n in self.names] + [f"CAST(1 AS BIGINT) AS {ident(DIFF)}"]
-        return cx.define(f"SELECT {', '.join(outs)} FROM ({counts}) WHERE {ident(DIFF)} > 0")
+        return cx.define(zset.present(updates, self.names))
 
     def _read(self, cx, version):
         return self._present(cx, self.state(cx, version))

@@ -97,20 +97,10 @@ class Fixpoint(Node):
 
     def _leaves(self) -> list[Node]:
         """Nodes the bodies read that the fixpoint does not evaluate itself."""
-        leaves, seen = [], set()
-        stack: list[Node] = list(self.inputs())
-        while stack:
-            n = stack.pop()
-            if id(n) in seen:
-                continue
-            seen.add(id(n))
-            if isinstance(n, Placeholder):
-                continue
-            if isinstance(n, (Scan, Static, Stateful, RuleOutput)):
-                leaves.append(n)
-                continue
-            stack.extend(n.inputs())
-        return leaves
+        def leaf(n: Node) -> bool:
+            return isinstance(n, (Scan, Static, Stateful, RuleOutput))
+
+        return [n for n in self.reachable(stop=leaf) if leaf(n)]
 
     def _sub(self, cx: EpochContext, leaves: str) -> EpochContext:
         """A context for one iteration: inputs as they changed (``actual``) or frozen at OLD or NEW."""
@@ -176,13 +166,27 @@ class Fixpoint(Node):
             relation = cx.define(zset.semijoin(relation, r, names, anti=True))
         return relation
 
+    def old_state(self, cx: EpochContext, rule: str) -> str:
+        """The set of ``rule`` as of the epoch before (empty when installing)."""
+        def build() -> str:
+            if cx.install:
+                return cx.define(zset.empty(self.rules[rule]))
+            return cx.define(zset.present(self.handles[rule].read(cx.old_epoch), self._names(rule)))
+        return cx.memo(self, f"old-{rule}", build)
+
+    def _lost(self, sub: EpochContext, within: dict[str, str]) -> dict[str, list[str]]:
+        """Per rule, the heads of derivations the body changes in ``sub`` remove, kept if in ``within``."""
+        lost: dict[str, list[str]] = {r: [] for r in self.rules}
+        for b in self.bodies:
+            h = self._heads(sub, b, False, "<")
+            if h is not None:
+                lost[b.rule].append(sub.define(zset.semijoin(h, within[b.rule], self._names(b.rule))))
+        return lost
+
     def run(self, cx: EpochContext, materialize: Materialize, max_iterations: int = 100_000) -> dict[str, str]:
         """Bring every rule of the component up to date; returns each rule's change relation."""
         rules = list(self.rules)
-        if cx.install:
-            old = {r: cx.define(zset.empty(self.rules[r])) for r in rules}
-        else:
-            old = {r: cx.define(self._present(self.handles[r].read(cx.old_epoch), r)) for r in rules}
+        old = {r: self.old_state(cx, r) for r in rules}
         deleted: dict[str, list[str]] = {r: [] for r in rules}
         rederived: dict[str, list[str]] = {r: [] for r in rules}
         if not cx.install:
@@ -190,12 +194,7 @@ class Fixpoint(Node):
             sub = self._sub(cx, "actual")
             for r in rules:
                 self._bind(sub, self.refs[r], old[r], None, old[r])
-            lost = {r: [] for r in rules}
-            for b in self.bodies:
-                h = self._heads(sub, b, False, "<")
-                if h is not None:
-                    lost[b.rule].append(sub.define(zset.semijoin(h, old[b.rule], self._names(b.rule))))
-            frontier = self._collect(sub, lost, {}, materialize, "overdelete")
+            frontier = self._collect(sub, self._lost(sub, old), {}, materialize, "overdelete")
             iterations = 0
             while frontier:
                 iterations += 1
@@ -203,19 +202,15 @@ class Fixpoint(Node):
                 for r, (view, _) in frontier.items():
                     deleted[r].append(view)
                 sub = self._sub(cx, "old")
+                remaining = {}
                 for r in rules:
                     before = self._minus(sub, r, old[r], prior[r])
-                    after = self._minus(sub, r, old[r], deleted[r])
+                    remaining[r] = self._minus(sub, r, old[r], deleted[r])
                     delta = (sub.define(zset.select(frontier[r][0], self._names(r), diff=f"-{ident(DIFF)}"))
                              if r in frontier else None)
-                    self._bind(sub, self.refs[r], before, delta, after)
-                lost = {r: [] for r in rules}
-                for b in self.bodies:
-                    h = self._heads(sub, b, False, "<")
-                    if h is not None:
-                        remaining = self._minus(sub, b.rule, old[b.rule], deleted[b.rule])
-                        lost[b.rule].append(sub.define(zset.semijoin(h, remaining, self._names(b.rule))))
-                frontier = self._collect(sub, lost, {}, materialize, f"overdelete {iterations}")
+                    self._bind(sub, self.refs[r], before, delta, remaining[r])
+                frontier = self._collect(sub, self._lost(sub, remaining), {}, materialize,
+                                         f"overdelete {iterations}")
                 if iterations > max_iterations:
                     raise AssertionError("overdeletion did not terminate")
             # 2. rederive
@@ -279,12 +274,6 @@ class Fixpoint(Node):
                 changes[r] = cx.define(zset.consolidate(f"({zset.union(parts, names)})", names))
         return changes
 
-    def _present(self, updates: str, rule: str) -> str:
-        names = self._names(rule)
-        counts = zset.consolidate(updates, names)
-        outs = [ident(n) for n in names] + [f"CAST(1 AS BIGINT) AS {ident(DIFF)}"]
-        return f"SELECT {', '.join(outs)} FROM ({counts}) WHERE {ident(DIFF)} > 0"
-
 
 def _dedupe(relation: str, names: Sequence[str]) -> str:
     outs = [ident(n) for n in names] + [f"CAST(1 AS BIGINT) AS {ident(DIFF)}"]
@@ -310,18 +299,14 @@ class RuleOutput(Node):
 
     def publish(self, cx: EpochContext, change: str | None) -> None:
         """Record this epoch's change (a materialized relation) and the states it implies."""
-        fp = self.fixpoint
-        if cx.install:
-            old = cx.define(zset.empty(self.columns))
-        else:
-            old = cx.define(fp._present(fp.handles[self.rule].read(cx.old_epoch), self.rule))
+        old = self.fixpoint.old_state(cx, self.rule)
         cx.set(self, "delta", change)
         cx.set(self, "read-old", old)
         if change is None:
             cx.set(self, "read-new", old)
         else:
             both = zset.union([old, change], self.names)
-            cx.set(self, "read-new", cx.define(fp._present(f"({both})", self.rule)))
+            cx.set(self, "read-new", cx.define(zset.present(f"({both})", self.names)))
 
     def describe(self):
         return f"Rule {self.rule} (recursive)"

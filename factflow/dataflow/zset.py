@@ -19,8 +19,8 @@ from typing import Sequence
 from factflow.arrangement.batch import DIFF
 from factflow.model.types import INT64_MIN, Kind, sql_type, to_utc_naive
 
-__all__ = ["DIFF", "ident", "literal", "sql_type", "select", "join", "semijoin", "consolidate", "union",
-           "where", "empty", "broadcast_hint"]
+__all__ = ["DIFF", "ident", "literal", "sql_type", "select", "join", "semijoin", "consolidate", "present",
+           "union", "where", "empty", "broadcast_hint"]
 
 def ident(name: str) -> str:
     """A quoted SQL identifier."""
@@ -96,6 +96,11 @@ def consolidate(relation: str, names: Sequence[str]) -> str:
     if not names:
         return f"SELECT {total} AS {ident(DIFF)} FROM {relation} HAVING {total} <> 0"
     return f"SELECT {group}, {total} AS {ident(DIFF)} FROM {relation} GROUP BY {group} HAVING {total} <> 0"
+
+
+def present(updates: str, names: Sequence[str]) -> str:
+    """The set an update stream describes: rows whose diffs sum to a positive count, each once."""
+    return f"{select(f'({consolidate(updates, names)})', names, diff='CAST(1 AS BIGINT)')} WHERE {ident(DIFF)} > 0"
 
 
 def union(relations: Sequence[str], names: Sequence[str]) -> str:

@@ -29,7 +29,7 @@ from typing import Any, Sequence
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from factflow.arrangement.attribute import AttributeArrangement
@@ -45,7 +45,6 @@ from factflow.errors import EngineClosedError, FactflowError, QueryError, Transa
 from factflow.lang.parser import parse_query
 from factflow.lang.rules import RuleStore
 from factflow.model.schema import Attribute, Schema
-from factflow.model.types import Kind
 from factflow.planner.context import PlanContext
 from factflow.planner.synthesis import synthesize
 

@@ -37,35 +37,16 @@ STATE, PENDING = "state", "pending"
 
 def _stateful_inputs(node: Node) -> list[Node]:
     """Evaluated operators (stateful ones and fixpoints) whose output ``node`` reads directly."""
-    found: list[Node] = []
-    stack: list[Node] = list(node.inputs())
-    seen: set[int] = set()
-    while stack:
-        n = stack.pop()
-        if id(n) in seen:
-            continue
-        seen.add(id(n))
-        if isinstance(n, (Stateful, Fixpoint)):
-            found.append(n)
-        else:
-            stack.extend(n.inputs())
-    return found
+    def evaluated(n: Node) -> bool:
+        return isinstance(n, (Stateful, Fixpoint))
+
+    return [n for n in node.reachable(stop=evaluated) if evaluated(n)]
 
 
 def _touches_stored_state(node: Stateful) -> bool:
     """Whether computing ``node``'s input change reads a batch held in Spark (not on the driver)."""
-    stack: list[Node] = [node.child]
-    seen: set[int] = set()
-    while stack:
-        n = stack.pop()
-        if id(n) in seen:
-            continue
-        seen.add(id(n))
-        trace = n.trace if isinstance(n, (Scan, Stateful)) else None
-        if trace is not None and any(not b.is_local for b in trace.batches):
-            return True
-        stack.extend(n.inputs())
-    return False
+    return any(any(not b.is_local for b in n.trace.batches)
+               for n in node.reachable() if isinstance(n, (Scan, Stateful)))
 
 
 class Evaluation:

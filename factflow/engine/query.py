@@ -100,9 +100,11 @@ class Query:
     def _current_sql(self) -> str:
         self._check()
         result = self.dataflow.result
-        counts = zset.consolidate(result.handle.read(self._engine.epoch), result.names)
+        updates = result.handle.read(self._engine.epoch)
         if isinstance(result, Distinct):
-            counts = zset.select(f"({counts})", result.names, diff="CAST(1 AS BIGINT)") + f" WHERE {ident(DIFF)} > 0"
+            counts = zset.present(updates, result.names)
+        else:
+            counts = zset.consolidate(updates, result.names)
         report = [col for _, col in self.dataflow.find]
         if report != result.names:
             counts = zset.consolidate(f"({zset.select(f'({counts})', report)})", report)

@@ -17,7 +17,7 @@ from typing import Sequence
 from factflow.dataflow import expressions as X
 from factflow.dataflow.zset import ident, literal
 from factflow.dataflow.nodes import (
-    AntiJoin, Arranged, Bind, Distinct, Filter, Join, Node, Project, Rename, Scan, Stateful, Static, Union,
+    AntiJoin, Arranged, Bind, Filter, Join, Node, Project, Rename, Scan, Stateful, Static, Union,
 )
 from factflow.errors import QueryError
 from factflow.lang.ast import (
@@ -146,11 +146,6 @@ class _Conjunction:
         trace = self.pc.private_trace(f"join state by {', '.join(key)}", node.columns, key, "intermediate")
         return Arranged(node, trace, self.pc.name)
 
-    def distinct(self, node: Node, label: str) -> Distinct:
-        """The set of ``node``'s tuples (derivation counts kept privately)."""
-        trace = self.pc.private_trace(label, node.columns, tuple(node.names), "intermediate")
-        return Distinct(node, trace, self.pc.name)
-
     def check_join_kinds(self, left: Node, right: Node, on: list[str], item) -> None:
         for col in on:
             a, b = left.kind_of(col), right.kind_of(col)
@@ -263,9 +258,9 @@ class _Conjunction:
             raise QueryError(f"{show(clause)} inside a recursive rule must bind its variables itself "
                              "(negation that reads the rule's other bindings is not supported there)")
         else:  # the negated clauses need the outer bindings: evaluate them on those
-            seed = self.distinct(Project(node, cols), f"bindings of {show(clause)}")
+            seed = self.pc.distinct(Project(node, cols), f"bindings of {show(clause)}")
             body = plan_conjunction(clause.clauses, [seed], inner, self.pc, self.stack)
-        negated = self.distinct(Project(body, cols), f"negated {show(clause)}")
+        negated = self.pc.distinct(Project(body, cols), f"negated {show(clause)}")
         if not isinstance(node, (Scan, Static, Stateful)):
             node = self.arrange(node, cols)
         return AntiJoin(node, negated, show(clause))
@@ -393,8 +388,7 @@ def rule_relation(name: str, pc: PlanContext, stack: tuple[str, ...], where: str
         kinds = body_kinds
         parts.append(part)
     union = parts[0] if len(parts) == 1 else Union(parts)
-    trace = pc.private_trace(f"rule {name}", union.columns, tuple(columns), "intermediate")
-    relation = Distinct(union, trace, pc.name)
+    relation = pc.distinct(union, f"rule {name}")
     cache[name] = (relation, kinds)
     return relation, kinds
 

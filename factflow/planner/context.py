@@ -10,6 +10,7 @@ from pyspark.sql import SparkSession
 from factflow.arrangement.attribute import AttributeArrangement
 from factflow.arrangement.batch import Layout, drop_view, register_view
 from factflow.arrangement.trace import MergePolicy, Trace, TraceHandle
+from factflow.dataflow.nodes import Distinct, Node
 from factflow.edn import Keyword
 from factflow.lang.rules import RuleStore
 from factflow.model.schema import Attribute, Schema
@@ -63,6 +64,11 @@ class PlanContext:
         trace = Trace(self.spark, f"{self.name}: {label}", Layout(columns, key), self.policy, self.epoch)
         self.traces.append((trace, role))
         return trace
+
+    def distinct(self, node: Node, label: str) -> Distinct:
+        """The set of ``node``'s tuples, its derivation counts kept in a private trace."""
+        trace = self.private_trace(label, node.columns, tuple(node.names), "intermediate")
+        return Distinct(node, trace, self.name)
 
     def view(self, frame) -> str:
         """Register a constant frame of this query as a temp view (dropped on release)."""

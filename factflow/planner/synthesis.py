@@ -187,8 +187,7 @@ def synthesize(query: Query, inputs: Sequence[Any], pc: PlanContext, join: str) 
 def _aggregation(query: Query, pc: PlanContext, scope: Scope, projected: Node, find_vars: list[Var],
                  aggregates: list[Aggregate], strategy: str, join: str) -> Dataflow:
     """Group the set of find (and :with) tuples by the plain find variables and aggregate."""
-    inputs = pc.private_trace("aggregate input", projected.columns, tuple(projected.names), "intermediate")
-    tuples = Distinct(projected, inputs, pc.name)
+    tuples = pc.distinct(projected, "aggregate input")
     group = [scope.col(v) for v in find_vars]
     specs = []
     for a in aggregates:

@@ -106,6 +106,10 @@ class Node:
         """One line for explain output."""
         return type(self).__name__
 
+    def details(self) -> list[str]:
+        """Further explain lines under this operator (none by default)."""
+        return []
+
 
 class Scan(Node):
     """A data pattern over one face of a shared attribute arrangement.

@@ -253,13 +253,13 @@ class _Conjunction:
         cols = [self.scope.col(v) for v in join_vars]
         inner = self.inner_scope(join_vars)
         if self.standalone([clause.clauses], join_vars):
-            body = plan_conjunction(clause.clauses, [], inner, self.pc, self.stack)
+            body = plan_conjunction(clause.clauses, [], inner, self.pc, self.stack, label=show(clause))
         elif self.pc.transient:
             raise QueryError(f"{show(clause)} inside a recursive rule must bind its variables itself "
                              "(negation that reads the rule's other bindings is not supported there)")
         else:  # the negated clauses need the outer bindings: evaluate them on those
             seed = self.pc.distinct(Project(node, cols), f"bindings of {show(clause)}")
-            body = plan_conjunction(clause.clauses, [seed], inner, self.pc, self.stack)
+            body = plan_conjunction(clause.clauses, [seed], inner, self.pc, self.stack, label=show(clause))
         negated = self.pc.distinct(Project(body, cols), f"negated {show(clause)}")
         if not isinstance(node, (Scan, Static, Stateful)):
             node = self.arrange(node, cols)
@@ -276,7 +276,8 @@ class _Conjunction:
                     var = self.scope.var_of(c)
                     if var is not None:
                         inner.share(var, c)
-            body = plan_conjunction(branch, sources, inner, self.pc, self.stack)
+            body = plan_conjunction(branch, sources, inner, self.pc, self.stack,
+                                    label=f"{show(clause)} branch {' '.join(show(c) for c in branch)}")
             missing = [c for c in cols if c not in body.names]
             if missing:
                 var = self.scope.var_of(missing[0])
@@ -377,7 +378,7 @@ def rule_relation(name: str, pc: PlanContext, stack: tuple[str, ...], where: str
     kinds: list[Kind] | None = None
     for body in bodies:
         scope = Scope(pc)
-        node = plan_conjunction(body.body, [], scope, pc, stack + (name,))
+        node = plan_conjunction(body.body, [], scope, pc, stack + (name,), label=f"rule {show(body)}")
         for v in body.head:
             if scope.col(v) not in node.names:
                 raise QueryError(f"rule {name}: head variable {v} is not bound by {show(body)}")
@@ -394,6 +395,13 @@ def rule_relation(name: str, pc: PlanContext, stack: tuple[str, ...], where: str
 
 
 def plan_conjunction(clauses: Sequence[Clause], sources: Sequence[Node], scope: Scope,
-                     pc: PlanContext, stack: tuple[str, ...] = ()) -> Node:
-    """Operators computing every binding of ``clauses`` (joined with ``sources``)."""
-    return _Conjunction(clauses, sources, scope, pc, stack).plan()
+                     pc: PlanContext, stack: tuple[str, ...] = (), label: str = "query") -> Node:
+    """Operators computing every binding of ``clauses`` (joined with ``sources``), joined
+    with the query's strategy; the bodies of recursive rules (re-evaluated per iteration
+    of their fixpoint) are always joined at a time."""
+    if pc.strategy == "binary" or pc.transient:
+        if not pc.transient:
+            pc.note_strategy(label, "binary", "requested")
+        return _Conjunction(clauses, sources, scope, pc, stack).plan()
+    from factflow.planner.delta import plan_delta
+    return plan_delta(clauses, sources, scope, pc, stack, pc.strategy, label)

@@ -29,7 +29,7 @@ class PlanContext:
 
     def __init__(self, spark: SparkSession, schema: Schema,
                  arrangement: Callable[[Attribute], AttributeArrangement], rules: RuleStore,
-                 name: str, epoch: int, policy: MergePolicy, semantics: str):
+                 name: str, epoch: int, policy: MergePolicy, semantics: str, strategy: str = "binary"):
         self.spark = spark
         self.schema = schema
         self._arrangement = arrangement
@@ -38,6 +38,8 @@ class PlanContext:
         self.epoch = epoch
         self.policy = policy
         self.semantics = semantics
+        self.strategy = strategy  # the requested join strategy (see planner.strategy)
+        self.strategies: list[tuple[str, str, str]] = []  # (conjunction, strategy, reason) as planned
         self.handles: list[TraceHandle] = []
         self.traces: list[tuple[Trace, str]] = []
         self.attributes: set[Keyword] = set()
@@ -45,6 +47,10 @@ class PlanContext:
         self.transient = False  # planning the bodies of a recursive component
         self.views: list[str] = []
         self._columns = 0
+
+    def note_strategy(self, conjunction: str, strategy: str, reason: str) -> None:
+        """Record how a conjunction is joined (an empty strategy notes a remark on it)."""
+        self.strategies.append((conjunction, strategy, reason))
 
     def attribute(self, name: Keyword, where: str) -> Attribute:
         """Look up an attribute used by a clause."""

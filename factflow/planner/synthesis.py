@@ -8,7 +8,6 @@ semantics, so each tuple is reported once; plain multiplicities under multiset).
 
 from __future__ import annotations
 
-import warnings
 from typing import Any, Callable, Sequence
 
 from factflow.dataflow.aggregate import Reduce, aggregate_spec
@@ -22,10 +21,9 @@ from factflow.lang.ast import (
 from factflow.planner.conjunction import Scope, pattern_kinds, plan_conjunction
 from factflow.planner.context import PlanContext
 from factflow.planner.relations import binding_rows, static_relation
+from factflow.planner.strategy import STRATEGIES
 
 __all__ = ["Dataflow", "synthesize", "STRATEGIES"]
-
-STRATEGIES = ("auto", "binary", "delta", "wco")
 
 
 class Dataflow:
@@ -67,12 +65,14 @@ class Dataflow:
         """A readable description of the plan."""
         lines = [
             f"query {self.name}",
-            f"  strategy: {self.strategy}" + (f" (requested {self.requested_strategy})"
-                                                if self.requested_strategy != self.strategy else ""),
+            f"  strategy: {self.strategy} (requested {self.requested_strategy})",
             f"  semantics: {self.semantics}",
             f"  find ({self.find_kind}): {' '.join(str(v) for v, _ in self.find)}",
-            "  plan:",
+            "  conjunctions:",
         ]
+        for conjunction, strategy, reason in self.pc.strategies:
+            lines.append(f"    {conjunction}: {strategy + ' (' + reason + ')' if strategy else reason}")
+        lines.append("  plan:")
         seen: set[int] = set()
 
         def render(node: Node, depth: int) -> None:
@@ -83,6 +83,7 @@ class Dataflow:
             seen.add(id(node))
             cols = ", ".join(f"{n}:{k.value}" for n, k in node.columns)
             lines.append(f"{pad}{node.describe()}  [{cols}]")
+            lines.extend(f"{pad}  | {line}" for line in node.details())
             for child in node.inputs():
                 render(child, depth + 1)
 
@@ -156,13 +157,11 @@ def synthesize(query: Query, inputs: Sequence[Any], pc: PlanContext, join: str) 
     """Build the dataflow of ``query`` as of ``pc.epoch`` with join strategy ``join``."""
     if join not in STRATEGIES:
         raise QueryError(f"unknown join strategy {join!r}; use one of {', '.join(STRATEGIES)}")
-    strategy = "binary"
-    if join in ("delta", "wco"):
-        warnings.warn(f"join={join!r} is not implemented yet; using join-at-a-time ('binary') plans",
-                      stacklevel=3)
+    pc.strategy = join
     scope = Scope(pc)
     sources = _bind_inputs(query, inputs, scope, pc)
     root = plan_conjunction(query.where, sources, scope, pc)
+    strategy = next((s for label, s, _ in pc.strategies if label == "query" and s), "binary")
     find_vars = [e.var for e in query.find.elements if isinstance(e, FindVar)]
     if len(set(find_vars)) != len(find_vars):
         raise QueryError(":find names a variable twice")

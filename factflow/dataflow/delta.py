@@ -1,0 +1,273 @@
+"""Delta queries and the worst-case optimal join (Hector) as one dataflow operator.
+
+A :class:`DeltaJoin` computes the join of several *bindings* (relations over variable
+columns: attribute patterns read from the shared arrangements, rule relations, inputs,
+unions) and *constraints* (predicates, function bindings, negated sets) without keeping
+any state of its own. Its change in an epoch is the sum of one *pipeline* per binding
+that changed: the pipeline starts from that binding's change and extends it, stage by
+stage, by lookups into the other bindings. Bindings are totally ordered; a pipeline reads
+the bindings ordered before its source as of the new epoch (NEW) and those after it as
+of the epoch before (OLD), so that simultaneous changes to several bindings are derived
+exactly once (the product rule ``d(A B) = dA B_new + A_old dB``, seeds 004 and thesis
+13.4). A negated binding ``N`` takes part as the factor ``1 - N``: its pipeline starts
+from ``-dN`` and elsewhere it validates by anti-join.
+
+Stages are of four sorts:
+
+* :class:`Lookup` joins the prefix with one binding on the columns they share (the
+  delta-query stage; with every column of the binding bound it is a validation);
+* :class:`Extend` binds one more variable the worst-case optimal way (thesis 13.1-13.2):
+  every *extender* (a binding whose only unbound column is that variable) counts its
+  proposals per prefix, from an attribute's count index where it has one; per prefix the
+  extender with the fewest proposes and the others validate its proposals;
+* :class:`Apply` runs a filter or a function binding once its inputs are bound;
+* :class:`Exclude` drops prefixes whose key is in a negated set.
+
+Every binding's multiplicity is applied exactly once (by the stage that binds its last
+variable), so results equal the join-at-a-time plan's as Z-sets, multiset semantics
+included. Install, and reading the whole collection, run one pipeline with every binding
+read as of one version.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence, Union as TypingUnion
+
+from factflow.arrangement.batch import DIFF
+from factflow.arrangement.trace import TraceHandle
+from factflow.dataflow import zset
+from factflow.dataflow.context import EpochContext, Version
+from factflow.dataflow.nodes import Columns, Node
+from factflow.dataflow.zset import ident
+
+__all__ = ["CountIndex", "Extender", "Lookup", "Extend", "Apply", "Exclude", "Pipeline", "DeltaJoin", "Shape"]
+
+_COUNT = "_n"
+_WINNER = "_w"
+
+
+class Shape(Node):
+    """The columns of a pipeline prefix: lets filters and binders be built for a stage."""
+
+    def __init__(self, columns: Columns):
+        self.columns = tuple(columns)
+
+    def _delta(self, cx):
+        raise AssertionError("a prefix shape is never evaluated")
+
+    _read = _delta
+
+
+@dataclass(frozen=True)
+class CountIndex:
+    """A shared count index (``key -> number of values``) of one attribute face."""
+
+    handle: TraceHandle
+    source: str   # the index's key column ('e' or 'v')
+    column: str   # the variable column it counts for
+
+    def counts(self, cx: EpochContext, version: Version) -> str:
+        """SQL of ``(column, _n)`` as of ``version``."""
+        if version is Version.OLD and cx.install:
+            relation = self.handle.trace.empty()
+        else:
+            relation = self.handle.read(cx.old_epoch if version is Version.OLD else cx.epoch)
+        return (f"SELECT {ident(self.source)} AS {ident(self.column)}, SUM({ident(DIFF)}) AS {_COUNT} "
+                f"FROM {relation} GROUP BY {ident(self.source)}")
+
+
+@dataclass
+class Extender:
+    """A binding that can propose values of the stage's variable, given ``key`` bound."""
+
+    relation: Node
+    position: int
+    key: list[str]
+    count_index: CountIndex | None = None
+    label: str = ""
+
+    def counts(self, cx: EpochContext, version: Version, prefix: str) -> str:
+        """SQL of ``(key..., _n)``: the number of proposals per key of ``prefix``."""
+        if self.count_index is not None:
+            return self.count_index.counts(cx, version)
+        relation = self.relation.read(cx, version)
+        if self.key:
+            relation = f"({zset.semijoin(relation, prefix, self.key)})"
+        keys = ", ".join(ident(k) for k in self.key)
+        total = f"SUM({ident(DIFF)}) AS {_COUNT}"
+        return f"SELECT {keys}, {total} FROM {relation} GROUP BY {keys}" if keys else f"SELECT {total} FROM {relation}"
+
+
+@dataclass
+class Lookup:
+    """Join the prefix with one binding on ``on`` (its columns already bound)."""
+
+    relation: Node
+    position: int
+    on: list[str]
+    label: str = ""
+
+
+@dataclass
+class Extend:
+    """Bind ``column`` by count / propose / validate among ``extenders``."""
+
+    column: str
+    extenders: list[Extender]
+
+
+@dataclass
+class Apply:
+    """A filter or function binding (a Filter or Bind built over the prefix's Shape)."""
+
+    op: Node
+
+
+@dataclass
+class Exclude:
+    """Drop prefixes whose ``on`` columns are in a negated set (validate-only negation)."""
+
+    relation: Node
+    position: int
+    on: list[str]
+    label: str = ""
+
+
+Stage = TypingUnion[Lookup, Extend, Apply, Exclude]
+
+
+@dataclass
+class Pipeline:
+    """The delta query of one source binding: its stages, in order."""
+
+    source: Node
+    position: int
+    negated: bool
+    label: str
+    stages: list[Stage] = field(default_factory=list)
+
+
+class DeltaJoin(Node):
+    """The join of a conjunction's bindings by delta pipelines (see the module docs).
+
+    ``strategy`` is 'delta' (stages are lookups in a greedy connected order) or 'wco'
+    (stages are Hector extensions); ``reader`` is the pipeline used to read the whole
+    collection and to install.
+    """
+
+    def __init__(self, columns: Columns, pipelines: Sequence[Pipeline], reader: Pipeline, strategy: str,
+                 order: dict[str, list[str]] | None = None):
+        self.columns = tuple(columns)
+        self.pipelines = list(pipelines)
+        self.reader = reader
+        self.strategy = strategy
+        self.order = order or {}
+
+    def inputs(self):
+        found: list[Node] = []
+        for p in self.pipelines:
+            read = [p.source]
+            for s in p.stages:
+                if isinstance(s, (Lookup, Exclude)):
+                    read.append(s.relation)
+                elif isinstance(s, Extend):
+                    read += [e.relation for e in s.extenders]
+            found += [n for n in read if all(n is not f for f in found)]
+        return tuple(found)
+
+    # ------------------------------------------------------------ evaluation
+    def _delta(self, cx):
+        if cx.install:
+            return self.read(cx, Version.NEW)
+        parts = []
+        for p in self.pipelines:
+            d = p.source.delta(cx)
+            if d is None:
+                continue
+            if p.negated:
+                d = cx.define(zset.select(d, p.source.names, diff=f"-{ident(DIFF)}"))
+            parts.append(self._run(cx, p, d, lambda position, s=p.position: Version.NEW if position < s else Version.OLD))
+        return cx.define(zset.union(parts, self.names)) if parts else None
+
+    def _read(self, cx, version):
+        start = self.reader.source.read(cx, version)
+        return self._run(cx, self.reader, start, lambda position: version)
+
+    def _run(self, cx: EpochContext, pipeline: Pipeline, relation: str, version_of) -> str:
+        names = list(pipeline.source.names)
+        for stage in pipeline.stages:
+            if isinstance(stage, Lookup):
+                relation = stage.relation.join_into(cx, version_of(stage.position), relation, names, stage.on)
+                names += [n for n in stage.relation.names if n not in names]
+            elif isinstance(stage, Extend):
+                relation = self._extend(cx, stage, relation, names, version_of)
+                names.append(stage.column)
+            elif isinstance(stage, Apply):
+                relation = cx.define(stage.op.apply(relation))
+                names = list(stage.op.names)
+            else:
+                negated = stage.relation.read(cx, version_of(stage.position))
+                relation = cx.define(zset.semijoin(relation, negated, stage.on, anti=True))
+        return cx.define(zset.select(relation, self.names))
+
+    def _extend(self, cx: EpochContext, stage: Extend, prefix: str, names: list[str], version_of) -> str:
+        """One Hector stage: count, nominate the smallest extender, propose, validate."""
+        extenders = stage.extenders
+        if len(extenders) == 1:
+            only = extenders[0]
+            return only.relation.join_into(cx, version_of(only.position), prefix, names, only.key)
+        counted = prefix
+        for i, e in enumerate(extenders):
+            counts = e.counts(cx, version_of(e.position), prefix)
+            on = " AND ".join(f"p.{ident(k)} = c.{ident(k)}" for k in e.key)
+            joined = f"LEFT JOIN ({counts}) c ON {on}" if on else f"CROSS JOIN ({counts}) c"
+            counted = cx.define(f"SELECT p.*, coalesce(c.{_COUNT}, 0) AS {_COUNT}{i} FROM {counted} p {joined}")
+        n = [f"{_COUNT}{i}" for i in range(len(extenders))]
+        cases = " ".join(f"WHEN {' AND '.join(f'{n[i]} <= {n[j]}' for j in range(i + 1, len(n)))} THEN {i}"
+                         for i in range(len(n) - 1))
+        nominated = cx.define(f"SELECT *, CASE {cases} ELSE {len(n) - 1} END AS {_WINNER} FROM {counted}")
+        extended = names + [stage.column]
+        parts = []
+        for i, proposer in enumerate(extenders):
+            mine = cx.define(zset.select(f"{nominated} WHERE {_WINNER} = {i} AND {n[i]} > 0", names))
+            relation = proposer.relation.join_into(cx, version_of(proposer.position), mine, names, proposer.key)
+            for j, validator in enumerate(extenders):
+                if j != i:
+                    relation = validator.relation.join_into(cx, version_of(validator.position), relation, extended,
+                                                            validator.key + [stage.column])
+            parts.append(relation)
+        return cx.define(zset.union(parts, extended))
+
+    # ------------------------------------------------------------ explain
+    def describe(self):
+        return f"DeltaJoin ({self.strategy}): {len(self.pipelines)} pipeline(s), no private state"
+
+    def details(self) -> list[str]:
+        """Lines describing each pipeline: its source, variable order and stages."""
+        lines = []
+        for p in self.pipelines:
+            head = f"pipeline from {'-d ' if p.negated else 'd '}{p.label}"
+            if p.position in self.order:
+                head += f"; variable order {' '.join(self.order[p.position])}"
+            lines.append(head)
+            for stage in p.stages:
+                lines.append("  " + _describe_stage(stage))
+        return lines
+
+
+def _describe_stage(stage: Stage) -> str:
+    if isinstance(stage, Lookup):
+        what = "validate with" if set(stage.relation.names) <= set(stage.on) else "look up"
+        on = ", ".join(stage.on) if stage.on else "nothing (cartesian product)"
+        return f"{what} {stage.label} on {on}"
+    if isinstance(stage, Extend):
+        parts = []
+        for e in stage.extenders:
+            counted = "count index" if e.count_index is not None else "counted by lookup"
+            parts.append(f"{e.label} by {', '.join(e.key) or '(all)'} ({counted})")
+        kind = "extend" if len(stage.extenders) > 1 else "extend (single extender)"
+        return f"{kind} to {stage.column}: " + "; ".join(parts)
+    if isinstance(stage, Apply):
+        return stage.op.describe()
+    return f"anti-join {stage.label} on {', '.join(stage.on)}"

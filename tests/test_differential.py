@@ -115,6 +115,32 @@ CATALOG = [
     ("[:find ?a ?b :where (even-hop ?a ?b) (not (reach ?b ?a))]", (), "set"),
 ]
 
+# joins that stress the delta and worst-case optimal strategies: cycles, constants and
+# predicates in every position, conflicts on the source binding, rules, negation and
+# inputs as extenders, function bindings feeding lookups, cartesian products
+JOIN_CATALOG = [
+    ("[:find ?b ?c :where [1 :d/friend ?b] [?b :d/friend ?c] [1 :d/friend ?c]]", (), "set"),
+    ("[:find ?a ?b ?c ?d :where [?a :d/friend ?b] [?b :d/friend ?c] [?c :d/friend ?d] [?d :d/friend ?a]]",
+     (), "set"),
+    ("[:find ?a ?b ?c :where [?a :d/friend ?b] [?b :d/friend ?c] [?a :d/friend ?c] [(< ?a ?b)] [(!= ?b ?c)]]",
+     (), "set"),
+    ("[:find ?a ?b ?c :where [?a :d/friend ?b] [?b :d/friend ?c] [?a :d/friend ?c]]", (), "multiset"),
+    ("[:find ?a ?b :where [?a :d/friend ?b] [?b :d/friend ?a] [?a :d/age 2] [?b :d/flag true]]", (), "set"),
+    ("[:find ?a ?b ?c :where (mutual ?a ?b) [?b :d/friend ?c] [?a :d/friend ?c]]", (), "set"),
+    ("[:find ?a ?b ?c :where [?a :d/friend ?b] [?b :d/friend ?c] [?a :d/friend ?c] (not [?c :d/flag true])]",
+     (), "set"),
+    ("[:find ?a ?b ?c :in $ [?a ...] :where [?a :d/friend ?b] [?b :d/friend ?c] [?c :d/friend ?a]]",
+     ([1, 2, 3],), "set"),
+    ("[:find ?e ?n ?a ?t ?s :where [?e :d/name ?n] [?e :d/age ?a] [?e :d/tag ?t] [?e :d/score ?s]]",
+     (), "multiset"),
+    ("[:find ?a ?b ?c :where [?a :d/age ?x] [?b :d/age ?y] [?a :d/friend ?b] [(+ ?x ?y) ?s] [?b :d/friend ?c] "
+     "[?c :d/age ?s]]", (), "set"),
+    ("[:find ?a ?b :where [?a :d/friend ?a] [?a :d/friend ?b] [?b :d/friend ?a]]", (), "set"),
+    ("[:find ?a ?b :where [?a :d/flag true] [?b :d/age 3]]", (), "set"),
+    ("[:find ?a ?b ?n :where [?a :d/friend ?b] [?b :d/friend ?a] [?a :d/name ?n] [?b :d/name ?n]]", (), "set"),
+    ("[:find ?a ?c :where [?a :d/friend ?b] [?b :d/friend ?c] (not-join [?a ?c] [?a :d/friend ?c])]", (), "set"),
+    ("[:find ?a ?t :where [?a :d/friend ?b] [?b :d/tag ?t] [?a :d/tag ?t]]", (), "multiset"),
+]
 
 VALUE_POOLS = {
     ":d/name": ["a", "b", "ab", "c"],
@@ -198,5 +224,10 @@ def run_stream(spark, seed: int, epochs: int, queries, join="binary", max_ops: i
 
 
 @pytest.mark.parametrize("seed", range(SEEDS))
-def test_binary_strategy_matches_the_oracle(spark, seed):
-    run_stream(spark, seed, epochs=10, queries=CATALOG)
+@pytest.mark.parametrize("join", ["binary", "delta", "wco"])
+def test_join_strategy_matches_the_oracle(spark, join, seed):
+    run_stream(spark, seed, epochs=10, queries=CATALOG + JOIN_CATALOG, join=join)
+
+
+def test_auto_strategy_matches_the_oracle(spark):
+    run_stream(spark, SEEDS, epochs=10, queries=CATALOG + JOIN_CATALOG, join="auto")

@@ -214,15 +214,6 @@ def test_stats_count_shared_and_private_tuples(people):
     assert stats["result_tuples"][star.name] == 0
 
 
-def test_unimplemented_join_strategies_fall_back_with_a_warning(people):
-    with pytest.warns(UserWarning, match="binary"):
-        q = people.query("[:find ?p :where [?p :person/age _]]", join="wco")
-    assert q.dataflow.strategy == "binary"
-    assert "strategy: binary" in q.explain()
-    with pytest.raises(QueryError):
-        people.query("[:find ?p :where [?p :person/age _]]", join="magic")
-
-
 def test_schema_errors(engine):
     engine.create_attribute(":a/b", type="long")
     engine.create_attribute(":a/b", type="long")  # identical: fine

@@ -437,7 +437,14 @@ class Engine:
 
     # ------------------------------------------------------------ introspection
     def stats(self) -> dict[str, Any]:
-        """Tuples held in arrangements: shared (per attribute index) and private to each query."""
+        """Tuples (update rows, counted exactly) held in arrangements.
+
+        ``shared_tuples`` and ``arrangements``: the shared attribute indexes (forward,
+        reverse and count faces), per index. ``query_tuples``: per query, the rows of its
+        private intermediate state (join-at-a-time intermediates, rule and negation sets,
+        fixpoints); ``result_tuples``: per query, its result trace. ``query_arrangements``:
+        per query, every private trace with its role and rows.
+        """
         with self._lock:
             arrangements = {}
             for arrangement in self._arrangements.values():
@@ -449,6 +456,8 @@ class Engine:
                 "query_tuples": {n: q.dataflow.tuples("intermediate") for n, q in self._queries.items()},
                 "result_tuples": {n: q.dataflow.tuples("result") for n, q in self._queries.items()},
                 "arrangements": arrangements,
+                "query_arrangements": {n: {t.name: (role, t.tuples) for t, role in q.dataflow.private_traces()}
+                                       for n, q in self._queries.items()},
             }
 
     # ------------------------------------------------------------ lifecycle

@@ -67,7 +67,11 @@ class PlanContext:
     def private_trace(self, label: str, columns: tuple[tuple[str, Kind], ...], key: tuple[str, ...],
                       role: str) -> Trace:
         """A trace private to this query (its intermediate state or its result)."""
-        trace = Trace(self.spark, f"{self.name}: {label}", Layout(columns, key), self.policy, self.epoch)
+        name = f"{self.name}: {label}"
+        taken = {t.name for t, _ in self.traces}
+        if name in taken:
+            name = next(f"{name} #{i}" for i in range(2, len(taken) + 2) if f"{name} #{i}" not in taken)
+        trace = Trace(self.spark, name, Layout(columns, key), self.policy, self.epoch)
         self.traces.append((trace, role))
         return trace
 

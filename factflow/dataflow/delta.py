@@ -67,14 +67,15 @@ class CountIndex:
     source: str   # the index's key column ('e' or 'v')
     column: str   # the variable column it counts for
 
-    def counts(self, cx: EpochContext, version: Version) -> str:
-        """SQL of ``(column, _n)`` as of ``version``."""
+    def counts(self, cx: EpochContext, version: Version, prefix: str) -> str:
+        """SQL of ``(column, _n)`` as of ``version``, for the keys of ``prefix`` only."""
         if version is Version.OLD and cx.install:
             relation = self.handle.trace.empty()
         else:
             relation = self.handle.read(cx.old_epoch if version is Version.OLD else cx.epoch)
-        return (f"SELECT {ident(self.source)} AS {ident(self.column)}, SUM({ident(DIFF)}) AS {_COUNT} "
-                f"FROM {relation} GROUP BY {ident(self.source)}")
+        keyed = f"SELECT {ident(self.source)} AS {ident(self.column)}, {ident(DIFF)} FROM {relation}"
+        touched = zset.semijoin(f"({keyed})", prefix, [self.column], small_keys=cx.small)
+        return f"SELECT {ident(self.column)}, SUM({ident(DIFF)}) AS {_COUNT} FROM ({touched}) GROUP BY {ident(self.column)}"
 
 
 @dataclass
@@ -90,10 +91,10 @@ class Extender:
     def counts(self, cx: EpochContext, version: Version, prefix: str) -> str:
         """SQL of ``(key..., _n)``: the number of proposals per key of ``prefix``."""
         if self.count_index is not None:
-            return self.count_index.counts(cx, version)
+            return self.count_index.counts(cx, version, prefix)
         relation = self.relation.read(cx, version)
         if self.key:
-            relation = f"({zset.semijoin(relation, prefix, self.key)})"
+            relation = f"({zset.semijoin(relation, prefix, self.key, small_keys=cx.small)})"
         keys = ", ".join(ident(k) for k in self.key)
         total = f"SUM({ident(DIFF)}) AS {_COUNT}"
         return f"SELECT {keys}, {total} FROM {relation} GROUP BY {keys}" if keys else f"SELECT {total} FROM {relation}"

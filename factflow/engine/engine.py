@@ -40,7 +40,7 @@ from factflow.dataflow.nodes import OUT, Stateful
 from factflow.engine import transaction
 from factflow.engine.evaluation import Evaluation
 from factflow.engine.query import Query
-from factflow.engine.session import create_session
+from factflow.engine.session import REQUIRED_SQL_CONF, create_session
 from factflow.errors import EngineClosedError, FactflowError, QueryError, TransactionError
 from factflow.lang.parser import parse_query
 from factflow.lang.rules import RuleStore
@@ -146,7 +146,8 @@ def _spark_jobs(spark: SparkSession, group: str) -> list[SparkJob]:
 class Engine:
     """An embedded factflow engine.
 
-    ``Engine()`` starts Spark in local mode; ``Engine(spark=session)`` reuses a session and
+    ``Engine()`` starts Spark in local mode; ``Engine(spark=session)`` reuses a session (setting
+    ``REQUIRED_SQL_CONF`` on it) and
     ``Engine(master="spark://...")`` connects to a cluster. ``state_dir`` holds Spark
     checkpoints (a temporary directory by default).
     """
@@ -155,6 +156,8 @@ class Engine:
                  state_dir: str | None = None, config: EngineConfig | None = None):
         self._owns_session = spark is None
         self.spark = spark if spark is not None else create_session(master=master)
+        for key, value in REQUIRED_SQL_CONF.items():
+            self.spark.conf.set(key, value)
         self.config = config or EngineConfig()
         partitions = self.config.partitions or int(self.spark.conf.get("spark.sql.shuffle.partitions"))
         self.policy = MergePolicy(self.config.merge_factor, self.config.local_limit, partitions)

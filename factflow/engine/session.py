@@ -11,7 +11,15 @@ from pyspark.sql import SparkSession
 
 from factflow.errors import FactflowError
 
-__all__ = ["DEFAULT_SPARK_CONF", "check_java", "create_session"]
+__all__ = ["DEFAULT_SPARK_CONF", "REQUIRED_SQL_CONF", "check_java", "create_session"]
+
+#: SQL settings every engine applies to its session, given or created. Constraint
+#: propagation is off because Spark 4.1 fails on it ("key not found" while rewriting a
+#: Union's constraints) for the statements factflow generates over checkpointed batches,
+#: and because inferring constraints over plans of hundreds of operators costs planning time.
+REQUIRED_SQL_CONF = {
+    "spark.sql.constraintPropagation.enabled": "false",
+}
 
 #: Settings for an engine-owned session: small shuffles, Arrow transfers, UTC, no UI.
 DEFAULT_SPARK_CONF = {
@@ -25,6 +33,7 @@ DEFAULT_SPARK_CONF = {
     "spark.log.structuredLogging.enabled": "false",
     "spark.driver.memory": "2g",
     "spark.sql.autoBroadcastJoinThreshold": str(32 * 1024 * 1024),
+    **REQUIRED_SQL_CONF,
 }
 
 MIN_JAVA = 17

@@ -76,8 +76,9 @@ class Fixpoint(Node):
     """The fixed point of one recursive component of rules (see the module docs)."""
 
     def __init__(self, rules: dict[str, Columns], refs: dict[str, Placeholder], bodies: list[RecursiveBody],
-                 traces: dict[str, Trace], owner: str):
+                 traces: dict[str, Trace], owner: str, goal: str | None = None):
         self.rules = rules
+        self.goal = goal
         self.refs = refs
         self.bodies = bodies
         self.traces = traces
@@ -89,7 +90,8 @@ class Fixpoint(Node):
         return tuple(b.plan for b in self.bodies) + tuple(b.guarded for b in self.bodies)
 
     def describe(self):
-        return f"Fixpoint of {', '.join(self.rules)} (delete and rederive, semi-naive)"
+        text = f"Fixpoint of {', '.join(self.rules)} (delete and rederive, semi-naive)"
+        return text if self.goal is None else f"{text}; goal-directed: {self.goal}"
 
     # ------------------------------------------------------------ evaluation
     def _names(self, rule: str) -> list[str]:

@@ -21,6 +21,14 @@ relations; a retraction that other derivations still support is rederived, never
 Installing is the insert phase from empty state. Differential dataflow's iteration
 timestamps would avoid overdeletion, but need per-iteration versions of every
 arrangement, which Spark batches make costly; DRed keeps only the rule sets themselves.
+
+Each iteration is one statement for all rules of the component, fetched with one
+collect (plus the broadcast jobs Spark runs for the small relations it joins); what the
+iterations accumulate (deleted, inserted) is kept as one materialized relation per rule
+and grown by concatenation, so an iteration's statement does not grow with the number
+of iterations before it (grid150's closures take ~300). Goal-directed calls
+(:mod:`factflow.planner.magic`) reach this class as ordinary components of adorned and
+magic rules, their seed a leaf relation like any other.
 """
 
 from __future__ import annotations

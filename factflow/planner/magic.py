@@ -24,6 +24,13 @@ planned together as one :class:`~factflow.dataflow.recursion.Fixpoint`, whose
 delete-and-rederive iterations then maintain them under changes of the data and of
 the seed alike (a retracted seed overdeletes its demand and what it derived).
 
+The demand follows the shape of the rules, as in every magic-sets rewriting: a
+left-linear ``tc(a,b) :- tc(a,c), edge(c,b)`` called as ``tc(x,?)`` asks only for
+``x``, but a right-linear one asks for the closure of every node reachable from ``x``
+(all of it relevant, but quadratic on dense graphs); to a bound target it is the reverse.
+Same generation asks for every ancestor of its argument. Each goal-directed call has its
+own rules and state (the seed is the call's), nothing is shared between queries.
+
 The rewriting is skipped (the call is evaluated bottom-up in full) when no argument is
 bound, when a recursive call inside the component would receive no bound argument, when
 a component rule is called inside ``or``, and inside a recursive component itself.

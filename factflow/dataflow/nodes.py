@@ -246,8 +246,8 @@ class Bind(_Linear):
     def apply(self, relation):
         if self.rebinds:
             return zset.where(relation, f"{ident(self.name)} = {self.value}")
-        inner = f"SELECT {', '.join(ident(n) for n in self.child.names)}, {self.value} AS {ident(self.name)}, " \
-                f"{ident(DIFF)} FROM {relation}"
+        outs = [ident(n) for n in self.child.names] + [f"{self.value} AS {ident(self.name)}", ident(DIFF)]
+        inner = f"SELECT {', '.join(outs)} FROM {relation}"
         return f"SELECT * FROM ({inner}) WHERE {ident(self.name)} IS NOT NULL"
 
     def describe(self):

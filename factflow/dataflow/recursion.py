@@ -21,12 +21,20 @@ relations; a retraction that other derivations still support is rederived, never
 Installing is the insert phase from empty state. Differential dataflow's iteration
 timestamps would avoid overdeletion, but need per-iteration versions of every
 arrangement, which Spark batches make costly; DRed keeps only the rule sets themselves.
+
+Each iteration is one statement for all rules of the component, fetched with one
+collect (plus the broadcast jobs Spark runs for the small relations it joins); what the
+iterations accumulate (deleted, inserted) is kept as one materialized relation per rule
+and grown by concatenation, so an iteration's statement does not grow with the number
+of iterations before it (grid150's closures take ~300). Goal-directed calls
+(:mod:`factflow.planner.magic`) reach this class as ordinary components of adorned and
+magic rules, their seed a leaf relation like any other.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Protocol, Sequence
 
 from factflow.arrangement.batch import DIFF
 from factflow.arrangement.trace import Trace
@@ -35,10 +43,20 @@ from factflow.dataflow.context import EpochContext, Version
 from factflow.dataflow.nodes import Columns, Node, Scan, Static, Stateful
 from factflow.dataflow.zset import ident
 
-__all__ = ["Placeholder", "RuleOutput", "RecursiveBody", "Fixpoint"]
+__all__ = ["Placeholder", "RuleOutput", "RecursiveBody", "Fixpoint", "Materializer"]
 
-# (sql relation, columns) -> (view name, row count); provided by the engine's evaluation
-Materialize = Callable[[EpochContext, str, Columns, str], tuple[str, int]]
+
+
+class Materializer(Protocol):
+    """Where a fixpoint's iterations are materialized (the engine's evaluation provides it)."""
+
+    def collect(self, cx: EpochContext, relations: dict[str, tuple[str, Columns]],
+                label: str) -> dict[str, tuple[str, int]]:
+        """Evaluate ``relations`` (named in ``cx``) with one Spark job; per key, the name of
+        a materialized relation with the same rows, and its row count."""
+
+    def concat(self, relations: list[str], columns: Columns) -> str:
+        """One materialized relation holding the rows of materialized ``relations``."""
 
 
 class Placeholder(Node):
@@ -76,8 +94,9 @@ class Fixpoint(Node):
     """The fixed point of one recursive component of rules (see the module docs)."""
 
     def __init__(self, rules: dict[str, Columns], refs: dict[str, Placeholder], bodies: list[RecursiveBody],
-                 traces: dict[str, Trace], owner: str):
+                 traces: dict[str, Trace], owner: str, goal: str | None = None):
         self.rules = rules
+        self.goal = goal
         self.refs = refs
         self.bodies = bodies
         self.traces = traces
@@ -89,7 +108,8 @@ class Fixpoint(Node):
         return tuple(b.plan for b in self.bodies) + tuple(b.guarded for b in self.bodies)
 
     def describe(self):
-        return f"Fixpoint of {', '.join(self.rules)} (delete and rederive, semi-naive)"
+        text = f"Fixpoint of {', '.join(self.rules)} (delete and rederive, semi-naive)"
+        return text if self.goal is None else f"{text}; goal-directed: {self.goal}"
 
     # ------------------------------------------------------------ evaluation
     def _names(self, rule: str) -> list[str]:
@@ -138,33 +158,37 @@ class Fixpoint(Node):
         return sub.define(f"SELECT DISTINCT {', '.join(outs)}, CAST(1 AS BIGINT) AS {ident(DIFF)} "
                           f"FROM {bindings} WHERE {ident(DIFF)} {sign} 0")
 
-    def _collect(self, sub: EpochContext, per_rule: dict[str, list[str]], minus: dict[str, list[str]],
-                 materialize: Materialize, label: str) -> dict[str, tuple[str, int]]:
-        """Materialize, per rule, the distinct union of ``per_rule`` relations minus ``minus`` relations."""
-        out = {}
+    def _collect(self, sub: EpochContext, per_rule: dict[str, list[str]], minus: dict[str, str | None],
+                 store: "Materializer", label: str) -> dict[str, tuple[str, int]]:
+        """Materialize, with one job for all rules, per rule the distinct union of ``per_rule``
+        relations minus the ``minus`` relation; rules with no rows are left out."""
+        relations = {}
         for rule, parts in per_rule.items():
             if not parts:
                 continue
             names = self._names(rule)
             rel = sub.define(f"SELECT DISTINCT * FROM ({zset.union(parts, names)})")
-            for m in minus.get(rule, []):
-                rel = sub.define(zset.semijoin(rel, m, names, anti=True))
-            view, rows = materialize(sub, rel, self.rules[rule], f"{label} of {rule}")
-            if rows:
-                out[rule] = (view, rows)
-        return out
+            if minus.get(rule) is not None:
+                rel = sub.define(zset.semijoin(rel, minus[rule], names, anti=True))
+            relations[rule] = (rel, self.rules[rule])
+        return {r: got for r, got in store.collect(sub, relations, label).items() if got[1]}
 
-    def _set(self, cx: EpochContext, rule: str, parts: list[str]) -> str:
-        names = self._names(rule)
+    def _union(self, cx: EpochContext, rule: str, parts: Sequence[str | None]) -> str:
+        """The union of disjoint sets of ``rule`` (None: empty)."""
+        parts = [p for p in parts if p is not None]
         if not parts:
             return cx.define(zset.empty(self.rules[rule]))
-        return cx.define(f"SELECT DISTINCT * FROM ({zset.union(parts, names)})") if len(parts) > 1 else parts[0]
+        return cx.define(zset.union(parts, self._names(rule))) if len(parts) > 1 else parts[0]
 
-    def _minus(self, cx: EpochContext, rule: str, relation: str, removed: list[str]) -> str:
-        names = self._names(rule)
-        for r in removed:
-            relation = cx.define(zset.semijoin(relation, r, names, anti=True))
-        return relation
+    def _minus(self, cx: EpochContext, rule: str, relation: str, removed: str | None) -> str:
+        if removed is None:
+            return relation
+        return cx.define(zset.semijoin(relation, removed, self._names(rule), anti=True))
+
+    @staticmethod
+    def _add(store: "Materializer", rule_columns: Columns, acc: str | None, new: str) -> str:
+        """One materialized relation holding ``acc`` (disjoint from ``new``) and ``new``."""
+        return new if acc is None else store.concat([acc, new], rule_columns)
 
     def old_state(self, cx: EpochContext, rule: str) -> str:
         """The set of ``rule`` as of the epoch before (empty when installing)."""
@@ -183,24 +207,31 @@ class Fixpoint(Node):
                 lost[b.rule].append(sub.define(zset.semijoin(h, within[b.rule], self._names(b.rule))))
         return lost
 
-    def run(self, cx: EpochContext, materialize: Materialize, max_iterations: int = 100_000) -> dict[str, str]:
-        """Bring every rule of the component up to date; returns each rule's change relation."""
+    def run(self, cx: EpochContext, store: "Materializer", label: str,
+            max_iterations: int = 100_000) -> dict[str, str]:
+        """Bring every rule of the component up to date; returns each rule's change relation.
+
+        Every iteration is one Spark job (``store.collect``) for all rules together; what
+        the iterations accumulate (deleted and inserted tuples) is kept as one materialized
+        relation per rule (``store.concat``), so each iteration's statement has the same
+        size however many iterations came before.
+        """
         rules = list(self.rules)
         old = {r: self.old_state(cx, r) for r in rules}
-        deleted: dict[str, list[str]] = {r: [] for r in rules}
-        rederived: dict[str, list[str]] = {r: [] for r in rules}
+        deleted: dict[str, str | None] = {r: None for r in rules}
+        rederived: dict[str, str | None] = {r: None for r in rules}
         if not cx.install:
             # 1. overdelete
             sub = self._sub(cx, "actual")
             for r in rules:
                 self._bind(sub, self.refs[r], old[r], None, old[r])
-            frontier = self._collect(sub, self._lost(sub, old), {}, materialize, "overdelete")
+            frontier = self._collect(sub, self._lost(sub, old), {}, store, f"{label}: overdelete")
             iterations = 0
             while frontier:
                 iterations += 1
-                prior = {r: list(deleted[r]) for r in rules}
+                prior = dict(deleted)
                 for r, (view, _) in frontier.items():
-                    deleted[r].append(view)
+                    deleted[r] = self._add(store, self.rules[r], deleted[r], view)
                 sub = self._sub(cx, "old")
                 remaining = {}
                 for r in rules:
@@ -209,18 +240,18 @@ class Fixpoint(Node):
                     delta = (sub.define(zset.select(frontier[r][0], self._names(r), diff=f"-{ident(DIFF)}"))
                              if r in frontier else None)
                     self._bind(sub, self.refs[r], before, delta, remaining[r])
-                frontier = self._collect(sub, self._lost(sub, remaining), {}, materialize,
-                                         f"overdelete {iterations}")
+                frontier = self._collect(sub, self._lost(sub, remaining), {}, store,
+                                         f"{label}: overdelete {iterations}")
                 if iterations > max_iterations:
                     raise AssertionError("overdeletion did not terminate")
             # 2. rederive
-            if any(deleted.values()):
+            if any(d is not None for d in deleted.values()):
                 sub = self._sub(cx, "new")
                 for r in rules:
                     kept = self._minus(sub, r, old[r], deleted[r])
                     self._bind(sub, self.refs[r], kept, None, kept)
                 for b in self.bodies:
-                    marked = self._set(sub, b.rule, deleted[b.rule])
+                    marked = self._union(sub, b.rule, [deleted[b.rule]])
                     picks = ", ".join(f"{ident(n)} AS {ident(g)}" for n, g in b.guard_from)
                     guard = sub.define(_dedupe(f"(SELECT {picks} FROM {marked})", b.guard.names))
                     self._bind(sub, b.guard, sub.define(zset.empty(b.guard.columns)), guard, guard)
@@ -229,47 +260,49 @@ class Fixpoint(Node):
                     h = self._heads(sub, b, True, ">")
                     if h is not None:
                         back[b.rule].append(h)
-                for r, (view, _) in self._collect(sub, back, {}, materialize, "rederive").items():
-                    rederived[r].append(view)
+                for r, (view, _) in self._collect(sub, back, {}, store, f"{label}: rederive").items():
+                    rederived[r] = view
         # 3. insert
         current = {r: self._minus(cx, r, old[r], deleted[r]) for r in rules}
         sub = self._sub(cx, "actual")
         for r in rules:
-            seed_state = self._set(sub, r, [current[r]] + rederived[r])
+            seed_state = self._union(sub, r, [current[r], rederived[r]])
             self._bind(sub, self.refs[r], seed_state, None, seed_state)
-        gained = {r: list(rederived[r]) for r in rules}
+        gained = {r: [rederived[r]] if rederived[r] is not None else [] for r in rules}
         for b in self.bodies:
             h = self._heads(sub, b, False, ">")
             if h is not None:
                 gained[b.rule].append(h)
-        frontier = self._collect(sub, gained, {r: [current[r]] for r in rules}, materialize, "insert")
-        inserted: dict[str, list[str]] = {r: [] for r in rules}
+        frontier = self._collect(sub, gained, current, store, f"{label}: insert")
+        inserted: dict[str, str | None] = {r: None for r in rules}
         iterations = 0
         while frontier:
             iterations += 1
             sub = self._sub(cx, "new")
             for r in rules:
-                before = self._set(sub, r, [current[r]] + inserted[r])
+                before = self._union(sub, r, [current[r], inserted[r]])
                 if r in frontier:
-                    after = self._set(sub, r, [before, frontier[r][0]])
+                    after = self._union(sub, r, [before, frontier[r][0]])
                     self._bind(sub, self.refs[r], before, frontier[r][0], after)
                 else:
                     self._bind(sub, self.refs[r], before, None, before)
             for r, (view, _) in frontier.items():
-                inserted[r].append(view)
+                inserted[r] = self._add(store, self.rules[r], inserted[r], view)
             derived = {r: [] for r in rules}
             for b in self.bodies:
                 h = self._heads(sub, b, False, ">")
                 if h is not None:
                     derived[b.rule].append(h)
-            present = {r: [current[r]] + inserted[r] for r in rules}
-            frontier = self._collect(sub, derived, present, materialize, f"insert {iterations}")
+            present = {r: self._union(sub, r, [current[r], inserted[r]]) for r in rules}
+            frontier = self._collect(sub, derived, present, store, f"{label}: insert {iterations}")
             if iterations > max_iterations:
                 raise AssertionError("semi-naive iteration did not terminate")
         changes = {}
         for r in rules:
             names = self._names(r)
-            parts = inserted[r] + [cx.define(zset.select(d, names, diff=f"-{ident(DIFF)}")) for d in deleted[r]]
+            parts = [inserted[r]] if inserted[r] is not None else []
+            if deleted[r] is not None:
+                parts.append(cx.define(zset.select(deleted[r], names, diff=f"-{ident(DIFF)}")))
             if parts:
                 changes[r] = cx.define(zset.consolidate(f"({zset.union(parts, names)})", names))
         return changes

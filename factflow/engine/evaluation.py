@@ -21,7 +21,7 @@ from pyspark.sql import types as T
 
 from factflow.arrangement.batch import DIFF, checkpoint, drop_view, register_view, release_checkpoint
 from factflow.dataflow.context import EpochContext
-from factflow.dataflow.nodes import OUT, Distinct, Node, Scan, Stateful
+from factflow.dataflow.nodes import OUT, Columns, Distinct, Node, Scan, Stateful
 from factflow.dataflow.recursion import Fixpoint
 from factflow.engine.collect import Collector
 from factflow.model.types import Kind, spark_type
@@ -114,36 +114,46 @@ class Evaluation:
     # ------------------------------------------------------------ recursive components
     def _fixpoint(self, node: Fixpoint, label: str) -> None:
         """Run a fixpoint's iterations (each materialized) and commit its rules' changes."""
-        changes = node.run(self.cx, lambda sub, rel, columns, what: self._materialize(sub, rel, columns,
-                                                                                    f"{label}: {what}"))
+        changes = node.run(self.cx, self, label)
+        collected = self.collect(self.cx, {r: (c, node.rules[r]) for r, c in changes.items()}, f"{label}: changes")
         for rule, output in node.outputs.items():
-            change = changes.get(rule)
+            view, rows = collected.get(rule, (None, 0))
+            change = view if rows else None
             if change is not None:
-                view, rows = self._materialize(self.cx, change, node.rules[rule], f"{label}: change of {rule}")
-                change = view if rows else None
-                if change is not None:
-                    trace = node.traces[rule]
-                    trace.append_pandas(self._local[view], self.cx.epoch)
+                node.traces[rule].append_pandas(self._local[view], self.cx.epoch)
             output.publish(self.cx, change)
 
-    def _materialize(self, cx: EpochContext, relation: str, columns, label: str) -> tuple[str, int]:
-        """Evaluate ``relation`` once into driver memory, shipped back as a local relation.
+    def collect(self, cx: EpochContext, relations: dict[str, tuple[str, Columns]],
+                label: str) -> dict[str, tuple[str, int]]:
+        """Evaluate ``relations`` with one job into driver memory, each shipped back as a local relation.
 
-        Iteration results are collected even in bulk epochs: unions of several checkpoints
+        Fixpoint iterations are collected even in bulk epochs: unions of several checkpoints
         of plans over the same views trip Spark 4.1's optimizer (attribute lookups fail in
-        PruneFilters), while local relations are safe. This bounds fixpoints by driver
-        memory; checkpointed iterations are the next step for large closures.
+        PruneFilters), while local relations are safe. This bounds a fixpoint's sets by
+        driver memory, which goal-directed evaluation keeps small (see factflow.planner.magic).
         """
-        self.spark.sparkContext.setJobDescription(label)
+        if not relations:
+            return {}
+        collector = Collector()
+        for relation, columns in relations.values():
+            collector.add(f"(SELECT * FROM {relation})", list(columns) + [(DIFF, Kind.LONG)])
         with self.small_statements():
-            data = self.spark.sql(cx.statement(f"SELECT * FROM {relation}")).toArrow().to_pandas()
+            frames = collector.run(self.spark, cx, label)
+        return {key: (self._local_relation(frame, columns), len(frame))
+                for (key, (_, columns)), frame in zip(relations.items(), frames)}
+
+    def concat(self, relations: list[str], columns: Columns) -> str:
+        """One local relation holding the rows of local relations (no Spark job)."""
+        return self._local_relation(pd.concat([self._local[r] for r in relations], ignore_index=True), columns)
+
+    def _local_relation(self, data: pd.DataFrame, columns: Columns) -> str:
         schema = T.StructType([T.StructField(n, spark_type(k), True) for n, k in columns]
                               + [T.StructField(DIFF, T.LongType(), False)])
         view = register_view(self.spark.createDataFrame(data, schema=schema), prefix="ff_l")
         self._views.append(view)
         relation = f"(SELECT /*+ COALESCE(1) */ * FROM {view})"
         self._local[relation] = data
-        return relation, len(data)
+        return relation
 
     # ------------------------------------------------------------ small epochs: fetch to the driver
     def _fetch(self, steps, outputs, label: str) -> None:

@@ -27,6 +27,7 @@ from factflow.lang.ast import (
 from factflow.lang.rules import bound_vars
 from factflow.model.types import Kind, coerce_value, kind_of_python_value
 from factflow.planner.context import PlanContext
+from factflow.planner.magic import goal_relation
 from factflow.planner.recursion import component_of, plan_component
 from factflow.planner.relations import binding_rows, static_relation
 
@@ -111,12 +112,11 @@ class _Conjunction:
         left_is_shared = True
         items: list[Node | Clause] = [*self.sources, *self.relations]
         for item in items:
-            bound = set(left.names) if left is not None else set()
             if isinstance(item, Or) and not self.standalone(item.branches, self.or_vars(item)):
                 left = self.apply_ready(self.seeded_or(item, left, left_is_shared))
                 left_is_shared = False
                 continue
-            node = item if isinstance(item, Node) else self.relation(item, bound)
+            node = item if isinstance(item, Node) else self.relation(item, left)
             node = self.apply_ready(node)
             if left is None:
                 left, left_is_shared = node, True
@@ -296,11 +296,11 @@ class _Conjunction:
         return self.union_of(clause, [left], left.names)
 
     # ------------------------------------------------------------ relations
-    def relation(self, clause: Clause, bound: set[str]) -> Node:
+    def relation(self, clause: Clause, left: Node | None) -> Node:
         if isinstance(clause, Pattern):
-            return self.pattern(clause, bound)
+            return self.pattern(clause, set(left.names) if left is not None else set())
         if isinstance(clause, RuleCall):
-            return self.rule_call(clause)
+            return self.rule_call(clause, left)
         if isinstance(clause, Or):
             return self.union_of(clause, [], [])
         return self.ground(clause)
@@ -337,11 +337,15 @@ class _Conjunction:
                 self.scope.col(e)
         return static_relation(self.pc, elements, rows, self.expected, self.scope.columns, where)
 
-    def rule_call(self, clause: RuleCall) -> Node:
+    def rule_call(self, clause: RuleCall, left: Node | None) -> Node:
+        """A rule's relation with the call's constants and repeated variables applied; a recursive
+        rule called with bound arguments is evaluated goal-directed (see :mod:`factflow.planner.magic`)."""
         where = show(clause)
-        relation, kinds = rule_relation(clause.name, self.pc, self.stack, where)
-        if len(clause.args) != len(relation.columns):
-            raise QueryError(f"{where}: rule {clause.name} takes {len(relation.columns)} arguments, got {len(clause.args)}")
+        arity = self.pc.arity(clause.name, where)
+        if len(clause.args) != arity:
+            raise QueryError(f"{where}: rule {clause.name} takes {arity} arguments, got {len(clause.args)}")
+        goal = goal_relation(clause, left, self.scope, self.pc, self.stack, where)
+        relation, kinds = goal or rule_relation(clause.name, self.pc, self.stack, where)
         node: Node = relation
         mapping: dict[str, str] = {}
         first: dict[Var, str] = {}
@@ -372,7 +376,7 @@ def rule_relation(name: str, pc: PlanContext, stack: tuple[str, ...], where: str
     component = component_of(name, pc, where)
     if component:
         return plan_component(name, component, pc, stack, where)
-    bodies = pc.rules.bodies(name, where)
+    bodies = pc.bodies(name, where)
     columns = [pc.column(f"{name}_{i}") for i in range(len(bodies[0].head))]
     parts: list[Node] = []
     kinds: list[Kind] | None = None

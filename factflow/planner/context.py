@@ -12,6 +12,7 @@ from factflow.arrangement.batch import Layout, drop_view, register_view
 from factflow.arrangement.trace import MergePolicy, Trace, TraceHandle
 from factflow.dataflow.nodes import Distinct, Node
 from factflow.edn import Keyword
+from factflow.lang.ast import Rule
 from factflow.lang.rules import RuleStore
 from factflow.model.schema import Attribute, Schema
 from factflow.model.types import Kind
@@ -44,6 +45,8 @@ class PlanContext:
         self.traces: list[tuple[Trace, str]] = []
         self.attributes: set[Keyword] = set()
         self.rule_relations: dict[str, tuple] = {}
+        self.local_rules: dict[str, tuple[Rule, ...]] = {}  # rules rewritten for this query (magic sets)
+        self.goal_calls = 0  # goal-directed calls planned so far (numbers their rewritten rules)
         self.transient = False  # planning the bodies of a recursive component
         self.views: list[str] = []
         self._columns = 0
@@ -55,6 +58,27 @@ class PlanContext:
     def attribute(self, name: Keyword, where: str) -> Attribute:
         """Look up an attribute used by a clause."""
         return self.schema.get(name, context=f"{where}: ")
+
+    def bodies(self, name: str, where: str = "") -> tuple[Rule, ...]:
+        """The bodies of rule ``name``: this query's own rewritten rules first, then the registered ones."""
+        if name in self.local_rules:
+            return self.local_rules[name]
+        return self.rules.bodies(name, where)
+
+    def arity(self, name: str, where: str = "") -> int:
+        """The number of arguments of rule ``name``."""
+        if name in self.rule_relations:
+            return len(self.rule_relations[name][1])
+        return len(self.bodies(name, where)[0].head)
+
+    def add_rules(self, rules: dict[str, tuple[Rule, ...]]) -> None:
+        """Add rules private to this query (rewritten from registered ones)."""
+        self.local_rules.update(rules)
+
+    def add_relation(self, name: str, node: Node, kinds: list[Kind]) -> None:
+        """Make ``node`` callable as a rule without bodies (the seed of a goal-directed call)."""
+        self.local_rules[name] = ()
+        self.rule_relations[name] = (node, kinds)
 
     def handle(self, attribute: Attribute, face: str) -> TraceHandle:
         """A handle on one face of a shared attribute arrangement, at the install epoch."""

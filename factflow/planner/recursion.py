@@ -9,17 +9,18 @@ bodies are planned, since a body reads the component's relations before they exi
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from factflow.dataflow.recursion import Fixpoint, Placeholder, RecursiveBody
 from factflow.errors import RuleError
 from factflow.lang.ast import Not, Or, RuleCall, Var, show
 from factflow.model.types import Kind
+from factflow.planner.sips import is_relation, sips_order
 
 if TYPE_CHECKING:  # pragma: no cover
     from factflow.planner.context import PlanContext
 
-__all__ = ["component_of", "plan_component"]
+__all__ = ["component_of", "check_stratified", "infer_kinds", "plan_component"]
 
 
 def _calls(clauses, negated: bool = False):
@@ -37,7 +38,7 @@ def _calls(clauses, negated: bool = False):
 def component_of(name: str, pc: "PlanContext", where: str) -> list[str]:
     """The rules mutually recursive with ``name`` (empty if ``name`` is not recursive)."""
     def callees(n):
-        return {m for body in pc.rules.bodies(n, where) for m, _ in _calls(body.body)}
+        return {m for body in pc.bodies(n, where) for m, _ in _calls(body.body)}
 
     def reach(n):
         seen, stack = set(), [n]
@@ -53,25 +54,29 @@ def component_of(name: str, pc: "PlanContext", where: str) -> list[str]:
     return sorted(m for m in reach(name) | {name} if name in reach(m) or m == name)
 
 
-def _check_stratified(component: list[str], pc: "PlanContext") -> None:
+def check_stratified(component: list[str], pc: "PlanContext") -> None:
+    """Reject a component whose rules negate one another (RuleError naming the cycle)."""
     members = set(component)
     for rule in component:
-        for body in pc.rules.bodies(rule):
+        for body in pc.bodies(rule):
             for callee, negated in _calls(body.body):
                 if negated and callee in members:
                     raise RuleError(f"rules {' -> '.join(component)} are not stratifiable: {rule} negates {callee}, "
                                     f"which depends on {rule} ({show(body)})")
 
 
-def _infer_kinds(component: list[str], pc: "PlanContext", rule_kinds, where: str) -> dict[str, list[Kind]]:
+def infer_kinds(component: list[str], pc: "PlanContext", rule_kinds: Callable[[str], list[Kind]],
+                where: str) -> dict[str, list[Kind]]:
+    """The argument kinds of every rule of ``component``, from its data patterns and the kinds
+    (``rule_kinds``) of the rules outside it that it calls."""
     from factflow.planner.conjunction import pattern_kinds
-    arity = {r: len(pc.rules.bodies(r)[0].head) for r in component}
+    arity = {r: len(pc.bodies(r)[0].head) for r in component}
     kinds: dict[str, list[Kind | None]] = {r: [None] * arity[r] for r in component}
     changed = True
     while changed:
         changed = False
         for rule in component:
-            for body in pc.rules.bodies(rule):
+            for body in pc.bodies(rule):
                 known: dict[Var, Kind] = dict(pattern_kinds(body.body, pc))
                 for c in body.body:
                     if isinstance(c, RuleCall):
@@ -90,12 +95,17 @@ def _infer_kinds(component: list[str], pc: "PlanContext", rule_kinds, where: str
     return kinds  # type: ignore[return-value]
 
 
-def plan_component(name: str, component: list[str], pc: "PlanContext", stack: tuple[str, ...], where: str):
-    """Plan ``component`` as one fixpoint; registers each rule's relation in ``pc.rule_relations``."""
+def plan_component(name: str, component: list[str], pc: "PlanContext", stack: tuple[str, ...], where: str,
+                   kinds: dict[str, list[Kind]] | None = None, goal: str | None = None):
+    """Plan ``component`` as one fixpoint; registers each rule's relation in ``pc.rule_relations``.
+
+    ``kinds`` gives the rules' argument kinds when the caller knows them (else they are
+    inferred); ``goal`` describes the goal-directed call the rules were rewritten for."""
     from factflow.planner.conjunction import Scope, plan_conjunction, rule_relation
 
-    _check_stratified(component, pc)
-    kinds = _infer_kinds(component, pc, lambda n: rule_relation(n, pc, stack, where)[1], where)
+    check_stratified(component, pc)
+    if kinds is None:
+        kinds = infer_kinds(component, pc, lambda n: rule_relation(n, pc, stack, where)[1], where)
     columns = {r: tuple((pc.column(f"{r}_{i}"), k) for i, k in enumerate(kinds[r])) for r in component}
     refs = {r: Placeholder(columns[r], r) for r in component}
     for r in component:
@@ -104,7 +114,7 @@ def plan_component(name: str, component: list[str], pc: "PlanContext", stack: tu
     saved, pc.transient = pc.transient, True
     try:
         for rule in component:
-            for body in pc.rules.bodies(rule):
+            for body in pc.bodies(rule):
                 scope = Scope(pc)
                 plan = plan_conjunction(body.body, [], scope, pc, stack + (rule,))
                 for v in body.head:
@@ -117,7 +127,8 @@ def plan_component(name: str, component: list[str], pc: "PlanContext", stack: tu
                 distinct_vars = list(dict.fromkeys(body.head))
                 guard_cols = tuple((guarded_scope.col(v), kinds[rule][body.head.index(v)]) for v in distinct_vars)
                 guard = Placeholder(guard_cols, f"guard of {rule}")
-                guarded = plan_conjunction(body.body, [guard], guarded_scope, pc, stack + (rule,))
+                ordered = sips_order(body.body, set(body.head)) + [c for c in body.body if not is_relation(c)]
+                guarded = plan_conjunction(ordered, [guard], guarded_scope, pc, stack + (rule,))
                 guard_from = [(columns[rule][body.head.index(v)][0], guarded_scope.col(v)) for v in distinct_vars]
                 guarded_head = [guarded_scope.col(v) for v in body.head]
                 bodies.append(RecursiveBody(rule, plan, guarded, guard, head, guarded_head, guard_from))
@@ -125,7 +136,7 @@ def plan_component(name: str, component: list[str], pc: "PlanContext", stack: tu
         pc.transient = saved
     traces = {r: pc.private_trace(f"rule {r}", columns[r], tuple(n for n, _ in columns[r]), "intermediate")
               for r in component}
-    fixpoint = Fixpoint(columns, refs, bodies, traces, pc.name)
+    fixpoint = Fixpoint(columns, refs, bodies, traces, pc.name, goal)
     for r in component:
         pc.rule_relations[r] = (fixpoint.outputs[r], kinds[r])
     return pc.rule_relations[name]

@@ -1,0 +1,199 @@
+"""Recursion and goal-directed evaluation: the shape of Table 3 of the Shared Arrangements paper.
+
+For each graph (tree11, grid150, gnp10K, loaded as ``:edge`` facts) and each query
+
+- ``tc(x,?)``: ``(tc-from x ?y)``, transitive closure from one source (left-linear rule),
+- ``tc(?,x)``: ``(tc-to ?y x)``, transitive closure to one target (right-linear rule),
+- ``sg(x,?)``: ``(sg x ?y)``, same generation,
+
+installs the goal-directed query for random arguments (seeded; sources with outgoing
+edges, targets and sg arguments with incoming ones), one query at a time, and measures
+the install time and the time of one update epoch (add one random edge, retract one
+random edge) with the query installed; medians and maxima over the arguments. Next to
+them, the full bottom-up evaluation of the same rule (``[:find ?a ?b :where (tc-from ?a
+?b)]``) within a time limit (cancelled and reported as "did not finish in N s" past it).
+Installs that do not finish within the time limit are cancelled and reported.
+Finally, on tree11, the time to retract 100 random edges one epoch at a time from a
+maintained ``tc(x,?)`` whose closure holds a few thousand nodes (median and total).
+
+Each magic-sets rewriting suits one orientation of a linear rule: from a bound source a
+left-linear rule keeps the demand at the source itself, a right-linear one asks for the
+closure of every node reachable from it; to a bound target it is the reverse. So each
+direction uses the rule written for it (see docs/benchmarks.md).
+
+    python benchmarks/recursion.py [--quick] [--sources N] [--limit SECONDS]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import threading
+import time
+from typing import Callable
+
+import pandas as pd
+from common import GRAPHS, machine_facts, median, report, session, timed, trivial_job_seconds
+
+from factflow import Engine
+from factflow.io.graphs import edge_facts
+
+RULES = """[
+ [(tc-from ?a ?b) [?a :edge ?b]] [(tc-from ?a ?b) (tc-from ?a ?c) [?c :edge ?b]]
+ [(tc-to ?a ?b) [?a :edge ?b]] [(tc-to ?a ?b) [?a :edge ?c] (tc-to ?c ?b)]
+ [(sg ?x ?y) [?p :edge ?x] [?p :edge ?y] [(!= ?x ?y)]]
+ [(sg ?x ?y) [?a :edge ?x] (sg ?a ?b) [?b :edge ?y]]
+]"""
+QUERIES = {
+    "tc(x,?)": ("[:find ?y :where (tc-from {x} ?y)]", "src", "[:find ?a ?b :where (tc-from ?a ?b)]"),
+    "tc(?,x)": ("[:find ?y :where (tc-to ?y {x})]", "dst", "[:find ?a ?b :where (tc-to ?a ?b)]"),
+    "sg(x,?)": ("[:find ?y :where (sg {x} ?y)]", "dst", "[:find ?x ?y :where (sg ?x ?y)]"),
+}
+GRAPH_NAMES = ("tree11", "grid150", "gnp10K")
+# arguments per graph and query: fewer than Table 3's 100 so that a run takes ~20 minutes on
+# 2 cores (grid150's closures need ~150 semi-naive iterations each)
+SOURCES = {"tree11": 5, "grid150": 1, "gnp10K": 3}
+QUICK_SOURCES = {"tree11": 2, "grid150": 1, "gnp10K": 1}
+
+
+def load(spark, name: str) -> tuple[Engine, pd.DataFrame]:
+    """An engine holding the graph's edges, and the edges as a (small) pandas frame for sampling."""
+    path = os.path.join(GRAPHS, f"{name}.csv")
+    db = Engine(spark=spark)
+    db.create_attribute(":edge", type="ref")
+    db.transact(edge_facts(spark, path))
+    db.register(RULES)
+    return db, pd.read_csv(path, names=["src", "dst"])
+
+
+def limited(db: Engine, fn: Callable[[], object], limit: float) -> tuple[float | None, object]:
+    """Run ``fn``; past ``limit`` seconds its Spark jobs are cancelled: (seconds or None, result or error text)."""
+    sc = db.spark.sparkContext
+    done = threading.Event()
+
+    def cancel() -> None:
+        if done.wait(limit):
+            return
+        while not done.is_set():
+            sc.cancelAllJobs()
+            time.sleep(0.5)
+
+    watchdog = threading.Thread(target=cancel, daemon=True)
+    watchdog.start()
+    started = time.perf_counter()
+    try:
+        result = fn()
+        return time.perf_counter() - started, result
+    except Exception as exc:  # cancelled past the limit, or too large to collect
+        elapsed = time.perf_counter() - started
+        if elapsed >= limit:
+            return None, f"did not finish in {limit:.0f} s"
+        return None, f"failed after {elapsed:.0f} s ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})"
+    finally:
+        done.set()
+        watchdog.join()
+
+
+def full_evaluation(db: Engine, text: str, limit: float) -> str:
+    """Install the bottom-up query: its time, or why it has none."""
+    seconds, outcome = limited(db, lambda: db.query(text, name="full").close(), limit)
+    return f"{seconds:.2f} s" if seconds is not None else outcome
+
+
+def update(db: Engine, edges: pd.DataFrame, rng: random.Random) -> tuple[float, int]:
+    """One epoch adding a random edge and retracting a random existing one; (seconds, Spark jobs).
+
+    The graph drifts by these two edges per argument (a few edges in all)."""
+    nodes = edges["src"].to_numpy()
+    gone = edges.iloc[rng.randrange(len(edges))]
+    tx = [[":db/add", int(rng.choice(nodes)), ":edge", int(rng.choice(nodes))],
+          [":db/retract", int(gone.src), ":edge", int(gone.dst)]]
+    seconds, _ = timed(lambda: db.transact(tx))
+    return seconds, len(db.epoch_log[-1].jobs)
+
+
+def goal_directed(db: Engine, edges: pd.DataFrame, query: str, column: str, count: int, seed: int,
+                  limit: float) -> dict:
+    """Install/update figures of ``query`` over ``count`` random arguments taken from ``column``;
+    stops at the first install that does not finish within ``limit``."""
+    rng = random.Random(seed)
+    candidates = sorted(set(edges[column].tolist()))
+    installs, updates, jobs, sizes = [], [], [], []
+    out: dict = {}
+    for x in rng.sample(candidates, count):
+        seconds, q = limited(db, lambda: db.query(query.format(x=x), name="goal"), limit)
+        if seconds is None:
+            out["install_" + str(x)] = q
+            break
+        installs.append(seconds)
+        sizes.append(db.stats()["query_tuples"]["goal"])
+        up, n = update(db, edges, rng)
+        updates.append(up)
+        jobs.append(n)
+        q.close()
+    if installs:
+        out.update({
+            "arguments": len(installs),
+            "install_median_s": round(median(installs), 3), "install_max_s": round(max(installs), 3),
+            "update_median_s": round(median(updates), 3), "update_max_s": round(max(updates), 3),
+            "update_jobs_median": median(jobs), "private_tuples_median": median(sizes),
+        })
+    return out
+
+
+def retractions(db: Engine, edges: pd.DataFrame, count: int, seed: int) -> dict:
+    """Retract ``count`` random edges of a maintained tc(x,?) one epoch at a time.
+
+    ``x`` is a random node four levels below the root of the tree (its closure, a subtree,
+    holds a few thousand nodes), and the edges are drawn from those leaving the closure's
+    nodes, so each retraction cuts off part of the maintained result."""
+    rng = random.Random(seed)
+    level = pd.DataFrame({"src": sorted(set(edges["src"]) - set(edges["dst"]))})
+    for _ in range(4):
+        level = level.merge(edges, on="src")[["dst"]].rename(columns={"dst": "src"})
+    x = int(rng.choice(sorted(level["src"].tolist())))
+    q = db.query(f"[:find ?y :where (tc-from {x} ?y)]", name="retract")
+    inside = q.frame().toPandas()["y"].tolist() + [x]
+    pool = edges[edges["src"].isin(inside)]
+    times = []
+    for i in rng.sample(range(len(pool)), min(count, len(pool))):
+        e = pool.iloc[i]
+        times.append(timed(lambda: db.transact([[":db/retract", int(e.src), ":edge", int(e.dst)]]))[0])
+    after = q.frame().count()
+    q.close()
+    return {"source": x, "edges": len(times), "closure_before": len(inside) - 1, "closure_after": after,
+            "median_s": round(median(times), 3), "max_s": round(max(times), 3), "total_s": round(sum(times), 1)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer arguments, 20 retractions, shorter limit")
+    parser.add_argument("--sources", type=int, default=None, help="arguments per graph and query (overrides)")
+    parser.add_argument("--limit", type=float, default=None, help="time limit of full evaluation (s)")
+    parser.add_argument("--graphs", default=",".join(GRAPH_NAMES))
+    args = parser.parse_args()
+    spark = session()
+    limit = args.limit or (20.0 if args.quick else 40.0)
+    counts = QUICK_SOURCES if args.quick else SOURCES
+    figures: dict = {"full_evaluation_limit_s": limit, "trivial_spark_job_s": round(trivial_job_seconds(spark), 4)}
+    started = time.perf_counter()
+    for graph in args.graphs.split(","):
+        load_s, (db, edges) = timed(lambda: load(spark, graph))
+        per_graph: dict = {"load_s": round(load_s, 2), "edges": len(edges)}
+        for label, (query, column, full) in QUERIES.items():
+            n = args.sources or counts[graph]
+            per_graph[label] = goal_directed(db, edges, query, column, n, seed=7, limit=limit)
+            per_graph[label]["full_evaluation"] = full_evaluation(db, full, limit)
+            print(graph, label, per_graph[label], flush=True)
+        if graph == "tree11":
+            per_graph["retractions_from_tc(x,?)"] = retractions(db, edges, 20 if args.quick else 100, seed=3)
+            print(graph, "retractions", per_graph["retractions_from_tc(x,?)"], flush=True)
+        db.close()
+        figures[graph] = per_graph
+    figures["total_s"] = round(time.perf_counter() - started, 1)
+    report("recursion-quick" if args.quick else "recursion", machine_facts(spark), figures)
+
+
+if __name__ == "__main__":
+    main()

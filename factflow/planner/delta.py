@@ -21,6 +21,8 @@ binds their variables. Then:
   (rule relations, unary patterns, inputs) by a keyed lookup. Bindings of several unbound
   variables are joined as in ``delta`` when no single variable can be extended.
 
+A call of a recursive rule whose argument is bound by an earlier clause keeps the
+conjunction binary: its goal-directed (magic sets) evaluation is seeded by that prefix.
 Negation whose variables need the rest of the conjunction (``not-join`` reading outer
 bindings) is applied after the join on a privately arranged result, and an ``or`` that
 needs outer bindings makes the conjunction fall back to ``binary``; both are reported by
@@ -45,6 +47,8 @@ from factflow.model.types import Kind
 from factflow.planner import strategy as S
 from factflow.planner.conjunction import Scope, _Conjunction, plan_conjunction
 from factflow.planner.context import PlanContext
+from factflow.planner.recursion import component_of
+from factflow.lang.rules import bound_vars
 
 __all__ = ["plan_delta"]
 
@@ -88,6 +92,9 @@ class _DeltaConjunction(_Conjunction):
         seeded = [c for c in self.relations if isinstance(c, Or) and not self.standalone(c.branches, self.or_vars(c))]
         if seeded:
             return "binary", f"{show(seeded[0])} reads outer bindings"
+        seeded_call = self.seeded_goal()
+        if seeded_call is not None:
+            return "binary", f"goal-directed {show(seeded_call)} is seeded by the clauses before it"
         edges = [set(s.names) for s in self.sources]
         for c in self.relations:
             variables = self.or_vars(c) if isinstance(c, Or) else \
@@ -102,6 +109,16 @@ class _DeltaConjunction(_Conjunction):
         if strategy != "binary" and len(edges) <= 1 and not negations:
             return "binary", "a single binding"
         return strategy, reason
+
+    def seeded_goal(self) -> RuleCall | None:
+        """A call of a recursive rule with a variable argument bound by an earlier clause:
+        its goal-directed evaluation is seeded by the join-at-a-time prefix before it."""
+        bound = {v for s in self.sources for v in map(self.scope.var_of, s.names) if v is not None}
+        for c in self.relations:
+            if isinstance(c, RuleCall) and bound & set(term_vars(c.args)) and component_of(c.name, self.pc, show(c)):
+                return c
+            bound |= bound_vars([c])
+        return None
 
     # ------------------------------------------------------------ bindings
     def plan(self) -> Node:
@@ -133,7 +150,7 @@ class _DeltaConjunction(_Conjunction):
     def add_relation(self, clause: Clause) -> None:
         position = len(self.bindings)
         if not isinstance(clause, Pattern):
-            self.add_binding(_Binding(position, self.relation(clause, set()), show(clause)), clause)
+            self.add_binding(_Binding(position, self.relation(clause, None), show(clause)), clause)
             return
         scan = self.pattern(clause, set())
         binding = _Binding(position, scan, show(clause), pattern=clause, scan=scan)

@@ -6,8 +6,9 @@ of the next ``--batch`` nodes (each epoch's transaction is a Spark DataFrame fil
 the cached edge list). Variants: binary joins in the three clause orders, delta and wco.
 For each: per-epoch completion times (p50, p99, max), the total time, the private state
 the query ended with, and the final number of matches, which must equal the known count
-(102,864 directed matches = 6 x 17,144 triangles) when the whole graph was streamed. A
-variant that exceeds ``--limit`` seconds is stopped and reported as not finished.
+(102,864 directed matches = 6 x 17,144 triangles) when the whole graph was streamed. Each
+variant runs in its own process; one that exceeds ``--limit`` seconds is stopped and
+reported with the epochs it completed.
 
 Per-node epochs over the whole graph would be 10,670 epochs per variant (hours at Spark's
 fixed cost per epoch on 2 cores), so the default run streams the whole graph in batches
@@ -20,7 +21,11 @@ checked against a plain Spark count of the same subgraph). Writes a CCDF plot (P
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
+import sys
+import tempfile
 import time
 
 from common import GRAPHS, ROOT, machine_facts, median, percentile, report, session
@@ -54,27 +59,41 @@ def matches(edges) -> int:
             .join(ac, (F.col("ac.src") == F.col("ab.src")) & (F.col("ac.dst") == F.col("bc.dst"))).count())
 
 
-def stream(spark, edges, epochs: int, clauses: str, join: str, limit: float) -> dict:
+def stream(spark, edges, epochs: int, clauses: str, join: str, progress: str) -> None:
+    """Stream the graph into a fresh engine, writing the figures to ``progress`` after every epoch."""
     db = Engine(spark=spark)
     db.create_attribute(":edge", type="ref")
     q = db.query(f"[:find ?a ?b ?c :where {clauses}]", name="triangles", join=join)
-    times, started = [], time.perf_counter()
+    out = {"epochs": epochs, "times": [], "jobs": [], "finished": False, "explain": q.explain()}
     for k in range(epochs):
         facts = edges.where(F.col("epoch") == k).select(F.col("src").alias("e"), F.lit(":edge").alias("a"),
                                                          F.col("dst").alias("v"))
         t0 = time.perf_counter()
         db.transact(facts)
-        times.append(time.perf_counter() - t0)
-        if time.perf_counter() - started > limit and k + 1 < epochs:
-            break
+        out["times"].append(round(time.perf_counter() - t0, 4))
+        out["jobs"].append(len(db.epoch_log[-1].jobs))
+        out["private_tuples"] = db.stats()["query_tuples"]["triangles"]
+        _write(progress, out)
     stats = db.stats()
-    out = {"epochs_done": len(times), "epochs": epochs, "finished": len(times) == epochs,
-           "total_s": round(sum(times), 1), "p50_s": round(median(times), 3),
-           "p99_s": round(percentile(times, 99), 3), "max_s": round(max(times), 3),
-           "matches": q.frame().count(), "private_tuples": stats["query_tuples"]["triangles"],
-           "shared_tuples": stats["shared_tuples"], "times": [round(t, 4) for t in times]}
+    out.update(finished=True, matches=q.frame().count(), shared_tuples=stats["shared_tuples"],
+               facts=machine_facts(spark))
+    _write(progress, out)
     db.close()
-    return out
+
+
+def _write(path: str, data: dict) -> None:
+    with open(path + ".tmp", "w") as handle:
+        json.dump(data, handle)
+    os.replace(path + ".tmp", path)
+
+
+def summarize(r: dict) -> dict:
+    times = r["times"] or [0.0]
+    return {"epochs_done": len(r["times"]), "epochs": r["epochs"], "finished": r["finished"],
+            "total_s": round(sum(times), 1), "p50_s": round(median(times), 3),
+            "p99_s": round(percentile(times, 99), 3), "max_s": round(max(times), 3),
+            "median_jobs": median(r["jobs"] or [0]), "matches": r.get("matches"),
+            "private_tuples_at_end": r.get("private_tuples")}
 
 
 def plot(results: dict, path: str) -> None:
@@ -87,8 +106,10 @@ def plot(results: dict, path: str) -> None:
     for ax, panel in zip(axes[0], panels):
         for name, r in results[panel].items():
             xs = sorted(r["times"])
+            if not xs:
+                continue
             ys = [1 - i / len(xs) for i in range(len(xs))]
-            label = name + ("" if r["finished"] else f" (stopped after {r['epochs_done']} epochs)")
+            label = name + ("" if r["finished"] else f" (stopped at the limit after {len(xs)} epochs)")
             ax.step(xs, ys, where="post", label=label)
         ax.set_xscale("log")
         ax.set_yscale("log")
@@ -102,6 +123,25 @@ def plot(results: dict, path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
+def child(args) -> None:
+    """Run one variant on one panel (in its own process, so that the parent can stop it)."""
+    spark = session()
+    edges = batched(read_edges(spark, args.graph), args.batch if args.panel == "batch" else 1)
+    if args.panel == "window":
+        edges = edges.where(F.col("epoch") < args.window).cache()
+    epochs = edges.agg(F.max("epoch")).first()[0] + 1
+    clauses, join = VARIANTS[args.child]
+    stream(spark, edges, epochs, clauses, join, args.out)
+
+
+def expected_window_matches(args) -> int:
+    spark = session()
+    edges = batched(read_edges(spark, args.graph), 1).where(F.col("epoch") < args.window)
+    count = matches(edges)
+    spark.stop()
+    return count
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--graph", default=os.path.join(GRAPHS, "oregon1_010331.txt"))
@@ -110,32 +150,45 @@ def main() -> None:
     parser.add_argument("--limit", type=float, default=900.0, help="seconds per variant before it is stopped")
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--plot", default=os.path.join(ROOT, "docs", "triangles_ccdf.png"))
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--panel", default="batch", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    spark = session()
-    edges = read_edges(spark, args.graph).cache()
+    if args.child:
+        return child(args)
     chosen = [v.strip() for v in args.variants.split(",")]
-    results: dict = {f"batches of {args.batch} nodes": {}, "one node per epoch": {}}
-    runs = [(f"batches of {args.batch} nodes", batched(edges, args.batch), None)]
+    panels = [("batch", f"batches of {args.batch} nodes", KNOWN_MATCHES)]
     if args.window:
-        single = batched(edges, 1)
-        runs.append(("one node per epoch", single.where(F.col("epoch") < args.window).cache(), args.window))
-    for panel, frame, window in runs:
-        epochs = frame.agg(F.max("epoch")).first()[0] + 1
-        expected = KNOWN_MATCHES if window is None else matches(frame)
+        panels.append(("window", f"first {args.window} nodes, one per epoch", expected_window_matches(args)))
+    results: dict = {title: {} for _, title, _ in panels}
+    facts: dict = {}
+    work = tempfile.mkdtemp(prefix="factflow-triangles-")
+    for panel, title, expected in panels:
         for name in chosen:
-            clauses, join = VARIANTS[name]
-            r = stream(spark, frame, epochs, clauses, join, args.limit)
+            out = os.path.join(work, f"{panel}-{len(results[title])}.json")
+            command = [sys.executable, "-u", os.path.abspath(__file__), "--child", name, "--panel", panel,
+                       "--out", out, "--graph", args.graph, "--batch", str(args.batch), "--window", str(args.window)]
+            try:
+                subprocess.run(command, timeout=args.limit, check=False,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            except subprocess.TimeoutExpired:
+                pass  # the child is killed; its progress file says how far it got
+            r = json.load(open(out)) if os.path.exists(out) else {"epochs": None, "times": [], "jobs": [],
+                                                                 "finished": False}
+            facts = r.get("facts", facts)
             r["expected_matches"] = expected
-            r["correct"] = (r["matches"] == expected) if r["finished"] else None
-            results[panel][name] = r
-            print(f"{panel:>22} | {name:<20} epochs {r['epochs_done']}/{epochs} total {r['total_s']}s "
-                  f"p50 {r['p50_s']}s p99 {r['p99_s']}s max {r['max_s']}s matches {r['matches']} "
-                  f"(expected {expected}) private {r['private_tuples']}", flush=True)
+            results[title][name] = r
+            s = summarize(r)
+            correct = "" if not s["finished"] else ("  correct" if s["matches"] == expected else "  WRONG COUNT")
+            print(f"{title} | {name:<16} epochs {s['epochs_done']}/{s['epochs']} total {s['total_s']}s "
+                  f"p50 {s['p50_s']}s p99 {s['p99_s']}s max {s['max_s']}s jobs/epoch {s['median_jobs']} "
+                  f"matches {s['matches']} (expected {expected}){correct} private {s['private_tuples_at_end']}",
+                  flush=True)
     plot(results, args.plot)
-    summary = {panel: {name: {k: v for k, v in r.items() if k != "times"} for name, r in rs.items()}
-               for panel, rs in results.items()}
-    report("triangles", machine_facts(spark), {"batch": args.batch, "window": args.window, "limit_s": args.limit,
-                                              "plot": args.plot, "results": summary})
+    summary = {title: {name: {**summarize(r), "expected_matches": r["expected_matches"]} for name, r in rs.items()}
+               for title, rs in results.items()}
+    report("triangles", facts, {"batch": args.batch, "window": args.window, "limit_s": args.limit,
+                                "plot": args.plot, "results": summary})
 
 
 if __name__ == "__main__":

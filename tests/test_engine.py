@@ -115,10 +115,31 @@ def test_bulk_input_from_pandas_and_spark(people, spark):
     assert q.results() == {(1, 31): 1, (3, 50): 1}
     with pytest.raises(TransactionError) as info:
         people.transact(spark.createDataFrame([(5, ":person/age", "x")], "e long, a string, v string"))
-    assert "wrong type" in str(info.value)
+    assert "'x'" in str(info.value) and ":person/age" in str(info.value)  # names the value and attribute
     with pytest.raises(UnknownAttributeError):
         people.transact(pd.DataFrame({"e": [1], "a": [":nope/x"], "v": [1]}))
     assert q.results() == {(1, 31): 1, (3, 50): 1}
+
+
+def test_spark_dataframes_take_the_small_or_the_bulk_path_by_size(spark):
+    from factflow import Engine, EngineConfig
+
+    results = {}
+    for limit in (20_000, 2):  # 3 rows: small under the default limit, bulk under a limit of 2
+        db = Engine(spark=spark, config=EngineConfig(local_limit=limit))
+        try:
+            db.create_attribute(":e", type="ref")
+            q = db.query("[:find ?a ?c :where [?a :e ?b] [?b :e ?c]]", join="delta")
+            db.transact(spark.createDataFrame([(1, ":e", 2), (2, ":e", 3), (3, ":e", 1)], "e long, a string, v long"))
+            db.transact(spark.createDataFrame([(1, ":e", 2, False), (3, ":e", 2, True)],
+                                              "e long, a string, v long, added boolean"))
+            descriptions = {j.description for report in db.epoch_log for j in report.jobs}
+            bulk = any(d and "validate bulk transaction" in d for d in descriptions)
+            assert bulk == (limit == 2)
+            results[limit] = q.rows()
+        finally:
+            db.close()
+    assert results[2] == results[20_000] == {(2, 1): 1, (3, 3): 1, (2, 2): 1}
 
 
 def test_value_types_round_trip(engine):

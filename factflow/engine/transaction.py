@@ -68,6 +68,9 @@ def prepare(tx: Any, schema: Schema, spark: SparkSession, local_limit: int) -> P
         except EdnSyntaxError as exc:
             raise TransactionError(f"malformed transaction EDN: {exc}") from None
     if isinstance(tx, DataFrame):
+        if tx.limit(local_limit + 1).count() <= local_limit:  # a small epoch: take the driver path
+            spark.sparkContext.setJobDescription("fetch a small transaction DataFrame")
+            return _from_pandas(tx.toArrow().to_pandas(), schema, spark, local_limit)
         return _from_spark(tx, schema, spark)
     if isinstance(tx, pd.DataFrame):
         return _from_pandas(tx, schema, spark, local_limit)

@@ -200,12 +200,14 @@ class _DeltaConjunction(_Conjunction):
             binding.faces[face] = self.filtered(binding, self.pattern(binding.pattern, {key}))
         return binding.faces[face]
 
-    def extender(self, binding: _Binding, column: str) -> Extender:
+    def extender(self, binding: _Binding, column: str, counted: bool) -> Extender:
+        """``binding`` as an extender of ``column``; with ``counted``, attributes count from
+        their shared count index (built on first use), other bindings by a keyed lookup."""
         key = [c for c in binding.columns if c != column]
         node = self.face(binding, key)
         count = None
         base = binding.scan
-        if (base is not None and not binding.filters and base.e_const is None and base.v_const is None
+        if (counted and base is not None and not binding.filters and base.e_const is None and base.v_const is None
                 and base.e_col is not None and base.v_col is not None and base.e_col != base.v_col):
             source, face = ("e", "count_e") if key == [base.e_col] else ("v", "count_v")
             attribute = self.pc.attribute(binding.pattern.a, binding.label)
@@ -299,7 +301,7 @@ class _DeltaConjunction(_Conjunction):
             return False
         order = list(kinds)
         column = max(suitable, key=lambda x: (len(suitable[x]), -order.index(x) if x in order else 0))
-        extenders = [self.extender(b, column) for b in suitable[column]]
+        extenders = [self.extender(b, column, len(suitable[column]) > 1) for b in suitable[column]]
         pipeline.stages.append(Extend(column, extenders))
         for b in suitable[column]:
             left.remove(b)

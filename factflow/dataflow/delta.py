@@ -147,6 +147,7 @@ class Pipeline:
     negated: bool
     label: str
     stages: list[Stage] = field(default_factory=list)
+    order: list[str] = field(default_factory=list)  # the variables in the order the pipeline binds them
 
 
 class DeltaJoin(Node):
@@ -157,13 +158,11 @@ class DeltaJoin(Node):
     collection and to install.
     """
 
-    def __init__(self, columns: Columns, pipelines: Sequence[Pipeline], reader: Pipeline, strategy: str,
-                 order: dict[str, list[str]] | None = None):
+    def __init__(self, columns: Columns, pipelines: Sequence[Pipeline], reader: Pipeline, strategy: str):
         self.columns = tuple(columns)
         self.pipelines = list(pipelines)
         self.reader = reader
         self.strategy = strategy
-        self.order = order or {}
 
     def inputs(self):
         found: list[Node] = []
@@ -249,8 +248,8 @@ class DeltaJoin(Node):
         lines = []
         for p in self.pipelines:
             head = f"pipeline from {'-d ' if p.negated else 'd '}{p.label}"
-            if p.position in self.order:
-                head += f"; variable order {' '.join(self.order[p.position])}"
+            if p.order:
+                head += f"; variable order {' '.join(p.order)}"
             lines.append(head)
             for stage in p.stages:
                 lines.append("  " + _describe_stage(stage))

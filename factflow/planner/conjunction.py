@@ -153,9 +153,12 @@ class _Conjunction:
                 var = self.scope.var_of(col)
                 raise QueryError(f"{var} is a {a.value} but {_describe(item)} uses it as a {b.value}")
 
+    def inputs_of(self, clause: Clause) -> list[Var]:
+        """The variables a pending clause (predicate, function binding or not) needs bound."""
+        return self.not_vars(clause) if isinstance(clause, Not) else term_vars(clause.args)
+
     def fail_unbound(self, clause: Clause, bound_cols: set[str]) -> None:
-        args = self.not_vars(clause) if isinstance(clause, Not) else clause.args
-        for v in term_vars(args):
+        for v in self.inputs_of(clause):
             if self.scope.col(v) not in bound_cols:
                 raise QueryError(f"{show(clause)} uses {v}, which no clause binds")
         raise QueryError(f"{show(clause)} cannot be evaluated")
@@ -167,8 +170,7 @@ class _Conjunction:
             progress = False
             for clause in list(self.pending):
                 names = set(node.names)
-                needs = self.not_vars(clause) if isinstance(clause, Not) else term_vars(clause.args)
-                if not all(self.scope.col(v) in names for v in needs):
+                if not all(self.scope.col(v) in names for v in self.inputs_of(clause)):
                     continue
                 self.pending.remove(clause)
                 if isinstance(clause, Predicate):

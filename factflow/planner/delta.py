@@ -222,20 +222,18 @@ class _DeltaConjunction(_Conjunction):
                 continue
             for name, kind in b.node.columns:
                 columns.setdefault(name, kind)
-        pipelines, orders = [], {}
+        pipelines = []
         for source in self.bindings:
-            pipeline, cols, order = self.pipeline(strategy, source, columns)
+            pipeline, bound = self.pipeline(strategy, source, columns)
             pipelines.append(pipeline)
-            orders[source.position] = [str(self.scope.var_of(c) or c) for c in order]
-            for name, kind in cols:
+            for name, kind in bound.items():
                 columns.setdefault(name, kind)
         reader = next(p for p in pipelines if not p.negated)
-        return DeltaJoin(tuple(columns.items()), [p for p in pipelines if _can_change(p.source)], reader,
-                         strategy, orders)
+        return DeltaJoin(tuple(columns.items()), [p for p in pipelines if _can_change(p.source)], reader, strategy)
 
-    def pipeline(self, strategy: str, source: _Binding, kinds: dict[str, Kind]):
-        cols: list[tuple[str, Kind]] = list(source.node.columns)
-        bound = [n for n, _ in cols]
+    def pipeline(self, strategy: str, source: _Binding, kinds: dict[str, Kind]) -> tuple[Pipeline, dict[str, Kind]]:
+        """The pipeline from ``source`` and the columns it binds, in the order it binds them."""
+        bound: dict[str, Kind] = dict(source.node.columns)
         pipeline = Pipeline(source.node, source.position, source.negated, source.label)
         left = [b for b in self.bindings if b is not source and not b.negated]
         negs = [b for b in self.bindings if b is not source and b.negated]
@@ -248,48 +246,44 @@ class _DeltaConjunction(_Conjunction):
                 for c in list(constraints):
                     if not all(self.scope.col(v) in bound for v in self.inputs_of(c)):
                         continue
-                    op = self.constraint(Shape(tuple(cols)), c)
+                    op = self.constraint(Shape(tuple(bound.items())), c)
                     pipeline.stages.append(Apply(op))
                     constraints.remove(c)
                     for name, kind in op.columns:
-                        if name not in bound:
-                            bound.append(name)
-                            cols.append((name, kind))
+                        bound.setdefault(name, kind)
                     progress = True
-                for b in [b for b in left if set(b.columns) <= set(bound)]:
+                for b in [b for b in left if set(b.columns) <= bound.keys()]:
                     pipeline.stages.append(Lookup(self.face(b, b.columns), b.position, list(b.columns), b.label))
                     left.remove(b)
                     progress = True
-                for b in [b for b in negs if set(b.columns) <= set(bound)]:
+                for b in [b for b in negs if set(b.columns) <= bound.keys()]:
                     pipeline.stages.append(Exclude(b.node, b.position, list(b.columns), b.label))
                     negs.remove(b)
                     progress = True
 
-        def extend(b: _Binding, on: list[str]) -> None:
-            pipeline.stages.append(Lookup(self.face(b, on), b.position, on, b.label))
-            left.remove(b)
-            for name, kind in b.node.columns:
-                if name not in bound:
-                    bound.append(name)
-                    cols.append((name, kind))
-
         settle()
         while left:
-            if strategy == "wco" and self.extend_wco(pipeline, left, bound, cols, kinds):
+            if strategy == "wco" and self.extend_wco(pipeline, left, bound, kinds):
                 settle()
                 continue
-            best = max(left, key=lambda b: (len(set(b.columns) & set(bound)) > 0, len(set(b.columns) & set(bound)),
-                                            isinstance(b.node, Static), -len(set(b.columns) - set(bound)),
+            best = max(left, key=lambda b: (len(set(b.columns) & bound.keys()) > 0, len(set(b.columns) & bound.keys()),
+                                            isinstance(b.node, Static), -len(set(b.columns) - bound.keys()),
                                             -b.position))
-            extend(best, [c for c in best.columns if c in bound])
+            on = [c for c in best.columns if c in bound]
+            pipeline.stages.append(Lookup(self.face(best, on), best.position, on, best.label))
+            left.remove(best)
+            for name, kind in best.node.columns:
+                bound.setdefault(name, kind)
             settle()
         if negs:
             raise QueryError(f"{negs[0].label} uses variables that no clause binds")
         if constraints:
             self.fail_unbound(constraints[0], set(bound))
-        return pipeline, cols, bound
+        pipeline.order = [str(self.scope.var_of(c) or c) for c in bound]
+        return pipeline, bound
 
-    def extend_wco(self, pipeline: Pipeline, left: list[_Binding], bound: list[str], cols: list, kinds) -> bool:
+    def extend_wco(self, pipeline: Pipeline, left: list[_Binding], bound: dict[str, Kind],
+                   kinds: dict[str, Kind]) -> bool:
         """Add one Hector stage if some variable can be extended from the prefix."""
         candidates: dict[str, list[_Binding]] = {}
         for b in left:
@@ -305,16 +299,10 @@ class _DeltaConjunction(_Conjunction):
         pipeline.stages.append(Extend(column, extenders))
         for b in suitable[column]:
             left.remove(b)
-        bound.append(column)
-        cols.append((column, kinds[column]))
+        bound[column] = kinds[column]
         return True
 
     # ------------------------------------------------------------ constraints
-    def inputs_of(self, clause: Clause) -> list[Var]:
-        if isinstance(clause, Not):
-            return self.not_vars(clause)
-        return term_vars(clause.args)
-
     def constraint(self, shape: Shape, clause: Clause) -> Node:
         """A Filter or Bind over ``shape`` for a predicate, function or predicate-only not."""
         if isinstance(clause, Predicate):

@@ -482,5 +482,15 @@ class Distinct(Stateful):
         return cx.define(zset.join(frame, frame_names, present, self.names, on,
                                    small="left" if cx.small else None))
 
+    def present_as_installed(self, cx: EpochContext) -> None:
+        """For an install evaluation that must not recompute this (already maintained)
+        operator: its current state is the change, its old state empty."""
+        updates = cx.define(zset.select(self.handle.read(cx.epoch), self.names))
+        empty = cx.define(zset.empty(self.columns))
+        present = self._present(cx, updates)
+        for what, relation in (("state-old", empty), ("state-new", updates), ("read-old", empty),
+                               ("read-new", present), ("delta", present)):
+            cx.set(self, what, relation)
+
     def describe(self):
-        return "Distinct (derivation counts kept privately)"
+        return f"Distinct (derivation counts in {self.trace.name})"

@@ -341,5 +341,13 @@ class RuleOutput(Node):
             both = zset.union([old, change], self.names)
             cx.set(self, "read-new", cx.define(zset.present(f"({both})", self.names)))
 
+    def present_as_installed(self, cx: EpochContext) -> None:
+        """For an install evaluation that must not rerun the (already maintained) fixpoint:
+        the rule's current set is the change, its old set empty."""
+        present = cx.define(zset.present(self.fixpoint.handles[self.rule].read(cx.epoch), self.names))
+        cx.set(self, "delta", present)
+        cx.set(self, "read-old", cx.define(zset.empty(self.columns)))
+        cx.set(self, "read-new", present)
+
     def describe(self):
         return f"Rule {self.rule} (recursive)"

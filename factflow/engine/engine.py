@@ -34,9 +34,9 @@ from pyspark.sql import functions as F
 
 from factflow.arrangement.attribute import AttributeArrangement
 from factflow.arrangement.batch import DIFF, drop_view, register_view
-from factflow.arrangement.trace import MergePolicy, TraceHandle
+from factflow.arrangement.trace import MergePolicy, Trace, TraceHandle
 from factflow.dataflow.context import EpochContext
-from factflow.dataflow.nodes import OUT, Stateful
+from factflow.dataflow.nodes import OUT, Node, Stateful
 from factflow.engine import transaction
 from factflow.engine.evaluation import Evaluation
 from factflow.engine.query import Query
@@ -46,7 +46,8 @@ from factflow.lang.parser import parse_query
 from factflow.lang.rules import RuleStore
 from factflow.model.schema import Attribute, Schema
 from factflow.planner.context import PlanContext
-from factflow.planner.synthesis import synthesize
+from factflow.planner.shared import SharedRules
+from factflow.planner.synthesis import Dataflow, synthesize
 
 __all__ = ["Engine", "EngineConfig", "EpochReport", "SparkJob"]
 
@@ -167,6 +168,7 @@ class Engine:
         self._arrangements: dict[int, AttributeArrangement] = {}
         self._tx_handles: dict[int, TraceHandle] = {}
         self._queries: dict[str, Query] = {}
+        self._shared = SharedRules()
         self._epoch = 0
         self._lock = threading.RLock()
         self._closed = False
@@ -337,29 +339,41 @@ class Engine:
         raise TransactionError(transaction.format_errors(messages, total or len(messages)))
 
     # ------------------------------------------------------------ dataflow evaluation
-    def _evaluate(self, dataflows, cx: EpochContext, subscribed: set) -> dict[Stateful, pd.DataFrame]:
-        """Compute and commit the pending state of ``dataflows`` for one evaluation.
+    def _evaluate(self, dataflows, cx: EpochContext, subscribed: set,
+                  settled: Sequence[Node] = ()) -> dict[Stateful, pd.DataFrame]:
+        """Compute and commit the pending state of ``dataflows`` for one evaluation
+        (operators shared by several dataflows once; ``settled`` ones not at all).
 
         Returns the output rows of result operators (all of them for small epochs, those
         with subscribers otherwise).
         """
         nodes: list[Stateful] = []
         for df in dataflows:
-            nodes += [n for n in df.stateful if n not in nodes]
+            nodes += [n for n in df.stateful if n not in nodes and n not in settled]
         if not nodes:
             return {}
         names = ", ".join(df.name for df in dataflows)
         what = f"install {names}" if cx.install else f"epoch {cx.epoch}: queries {names}"
         return Evaluation(self.spark, cx, self._small_statements).run(nodes, subscribed, what)
 
+    @staticmethod
+    def _state_of(dataflows: Sequence[Dataflow]) -> tuple[list[TraceHandle], list[Trace]]:
+        """The handles and traces held by ``dataflows`` and by the shared rules they read, each once."""
+        handles = [h for df in dataflows for h in df.handles()]
+        traces = [t for df in dataflows for t, _ in df.private_traces()]
+        for entry in dict.fromkeys(e for df in dataflows for e in df.shared_rules()):
+            handles += entry.handles
+            traces += [t for t, _ in entry.traces]
+        return handles, traces
+
     def _advance(self, epoch: int) -> None:
         for h in self._tx_handles.values():
             h.advance(epoch)
-        for q in self._queries.values():
-            for h in q.dataflow.handles():
-                h.advance(epoch)
-            for trace, _ in q.dataflow.private_traces():
-                trace.advance_upper(epoch + 1)
+        handles, traces = self._state_of([q.dataflow for q in self._queries.values()])
+        for h in handles:
+            h.advance(epoch)
+        for trace in traces:
+            trace.advance_upper(epoch + 1)
 
     def _maintain(self, changed: dict[int, int], affected: Sequence[Query]) -> int:
         merges = 0
@@ -367,18 +381,16 @@ class Engine:
         for aid in changed:
             sc.setJobDescription(f"epoch {self._epoch}: merge {self.schema.by_id(aid).name}")
             merges += self._arrangements[aid].maintain()
-        for q in affected:
-            for trace, _ in q.dataflow.private_traces():
-                sc.setJobDescription(f"epoch {self._epoch}: merge {trace.name}")
-                merges += trace.maintain()
+        for trace in self._state_of([q.dataflow for q in affected])[1]:
+            sc.setJobDescription(f"epoch {self._epoch}: merge {trace.name}")
+            merges += trace.maintain()
         return merges
 
     def _rollback(self, epoch: int) -> None:
         for arrangement in self._arrangements.values():
             arrangement.truncate(epoch)
-        for q in self._queries.values():
-            for trace, _ in q.dataflow.private_traces():
-                trace.truncate(epoch)
+        for trace in self._state_of([q.dataflow for q in self._queries.values()])[1]:
+            trace.truncate(epoch)
 
     # ------------------------------------------------------------ queries
     def query(self, query: str, name: str | None = None, inputs: Sequence[Any] = (), join: str = "auto",
@@ -405,18 +417,24 @@ class Engine:
                 raise QueryError(f"a query named {name!r} is already installed")
             parsed = parse_query(query)
             pc = PlanContext(self.spark, self.schema, self._arrangement_of, self.rules, name, self._epoch,
-                             self.policy, semantics)
+                             self.policy, semantics, shared_rules=self._shared)
             sc = self.spark.sparkContext
             sc.setJobGroup(f"factflow-{self._id}-install-{name}", f"install query {name}", interruptOnCancel=False)
             try:
                 dataflow = synthesize(parsed, tuple(inputs), pc, join)
-                self._evaluate([dataflow], EpochContext(self._epoch, install=True), subscribed=set())
-                for trace, _ in pc.traces:
+                cx = EpochContext(self._epoch, install=True)
+                reused = [e for e in dataflow.shared_rules() if e.installed]
+                for entry in reused:
+                    entry.present_as_installed(cx)
+                self._evaluate([dataflow], cx, subscribed=set(), settled=[n for e in reused for n in e.stateful()])
+                handles, traces = self._state_of([dataflow])
+                for trace in traces:
                     trace.maintain()
             except BaseException:
                 pc.release()
                 raise
-            for h in dataflow.handles():
+            self._shared.commit(name, dataflow.shared_rules())
+            for h in handles:
                 h.advance(self._epoch)
             handle = Query(self, dataflow, self._epoch)
             self._queries[name] = handle
@@ -430,6 +448,7 @@ class Engine:
         with self._lock:
             if self._queries.get(query.name) is query:
                 del self._queries[query.name]
+                self._shared.release(query.name)
             query.dataflow.close()
             query.closed = True
 
@@ -444,9 +463,11 @@ class Engine:
 
         ``shared_tuples`` and ``arrangements``: the shared attribute indexes (forward,
         reverse and count faces), per index. ``query_tuples``: per query, the rows of its
-        private intermediate state (join-at-a-time intermediates, rule and negation sets,
+        private intermediate state (join-at-a-time intermediates, negation sets, goal-directed
         fixpoints); ``result_tuples``: per query, its result trace. ``query_arrangements``:
-        per query, every private trace with its role and rows.
+        per query, every private trace with its role and rows. ``shared_rules``: per rule
+        relation shared by queries (see :mod:`factflow.planner.shared`), its rules, the
+        queries reading it, its rows and its traces.
         """
         with self._lock:
             arrangements = {}
@@ -461,6 +482,9 @@ class Engine:
                 "arrangements": arrangements,
                 "query_arrangements": {n: {t.name: (role, t.tuples) for t, role in q.dataflow.private_traces()}
                                        for n, q in self._queries.items()},
+                "shared_rules": {e.name: {"rules": list(e.rules), "users": sorted(e.users), "tuples": e.tuples(),
+                                          "arrangements": {t.name: (role, t.tuples) for t, role in e.traces}}
+                                 for e in self._shared.entries()},
             }
 
     # ------------------------------------------------------------ lifecycle

@@ -144,7 +144,7 @@ class _Conjunction:
             return node
         key = tuple(on) if on else tuple(node.names)
         trace = self.pc.private_trace(f"join state by {', '.join(key)}", node.columns, key, "intermediate")
-        return Arranged(node, trace, self.pc.name)
+        return Arranged(node, trace, self.pc.owner)
 
     def check_join_kinds(self, left: Node, right: Node, on: list[str], item) -> None:
         for col in on:
@@ -371,11 +371,17 @@ def _describe(item) -> str:
 
 
 def rule_relation(name: str, pc: PlanContext, stack: tuple[str, ...], where: str) -> tuple[Node, list[Kind]]:
-    """The (set) relation a rule defines, over positional columns, synthesized once per query."""
-    cache = pc.rule_relations
-    if name in cache:
-        return cache[name]
+    """The (set) relation a rule defines, over positional columns: planned once per query,
+    and for registered rules once for every query with the same join strategy (see
+    :mod:`factflow.planner.shared`)."""
+    if name in pc.rule_relations:
+        return pc.rule_relations[name]
     component = component_of(name, pc, where)
+    return pc.shared_rule(name, component or [name], lambda: _plan_rule(name, component, pc, stack, where))
+
+
+def _plan_rule(name: str, component: list[str], pc: PlanContext, stack: tuple[str, ...],
+               where: str) -> tuple[Node, list[Kind]]:
     if component:
         return plan_component(name, component, pc, stack, where)
     bodies = pc.bodies(name, where)
@@ -396,7 +402,7 @@ def rule_relation(name: str, pc: PlanContext, stack: tuple[str, ...], where: str
         parts.append(part)
     union = parts[0] if len(parts) == 1 else Union(parts)
     relation = pc.distinct(union, f"rule {name}")
-    cache[name] = (relation, kinds)
+    pc.rule_relations[name] = (relation, kinds)
     return relation, kinds
 
 

@@ -16,6 +16,7 @@ from factflow.lang.ast import Rule
 from factflow.lang.rules import RuleStore
 from factflow.model.schema import Attribute, Schema
 from factflow.model.types import Kind
+from factflow.planner.shared import SharedRule, SharedRules
 
 __all__ = ["PlanContext"]
 
@@ -25,12 +26,14 @@ class PlanContext:
 
     Handles and private traces created while planning are recorded so that a failed
     synthesis can release them (nothing of a rejected query remains) and a closed query
-    can release exactly what it holds.
+    can release exactly what it holds. While a shared rule is planned
+    (:meth:`shared_rule`), what is created is recorded on the rule instead.
     """
 
     def __init__(self, spark: SparkSession, schema: Schema,
                  arrangement: Callable[[Attribute], AttributeArrangement], rules: RuleStore,
-                 name: str, epoch: int, policy: MergePolicy, semantics: str, strategy: str = "binary"):
+                 name: str, epoch: int, policy: MergePolicy, semantics: str, strategy: str = "binary",
+                 shared_rules: SharedRules | None = None):
         self.spark = spark
         self.schema = schema
         self._arrangement = arrangement
@@ -49,11 +52,59 @@ class PlanContext:
         self.goal_calls = 0  # goal-directed calls planned so far (numbers their rewritten rules)
         self.transient = False  # planning the bodies of a recursive component
         self.views: list[str] = []
+        self.shared_rules = shared_rules  # None: every rule is planned privately
+        self.shared: list[SharedRule] = []  # shared rules the query reads (created or reused)
+        self._owner: SharedRule | None = None  # the shared rule being planned
         self._columns = 0
+
+    @property
+    def owner(self) -> str:
+        """Who owns what is created now: the shared rule being planned, else the query."""
+        return self._owner.name if self._owner is not None else self.name
+
+    def _holder(self):
+        return self._owner if self._owner is not None else self
+
+    def shared_rule(self, name: str, members: list[str], plan: Callable[[], tuple[Node, list[Kind]]]
+                    ) -> tuple[Node, list[Kind]]:
+        """The relation of registered rule ``name`` (``members``: its recursive component, or
+        itself), planned by ``plan`` unless a shared rule with this strategy exists already."""
+        if self.shared_rules is None or name in self.local_rules:
+            return plan()
+        entry = self.shared_rules.get(name, self.strategy)
+        if entry is None:
+            entry = SharedRule(self.spark, members, self.strategy)
+            saved_owner, saved_transient = self._owner, self.transient
+            self._owner, self.transient = entry, False
+            try:
+                plan()
+            finally:
+                self._owner, self.transient = saved_owner, saved_transient
+            entry.relations = {m: self.rule_relations[m] for m in members}
+        else:
+            self.strategies += [(c, s, f"{r}; shared rule" if s else r) for c, s, r in entry.notes]
+            self.rule_relations.update(entry.relations)
+        self._use(entry)
+        return self.rule_relations[name]
+
+    def _use(self, entry: SharedRule) -> None:
+        """Record that what is planned now reads ``entry`` (and the shared rules it reads)."""
+        if self._owner is not None and entry not in self._owner.uses:
+            self._owner.uses.append(entry)
+            self._owner.attributes |= entry.attributes
+        pending = [entry]
+        while pending:
+            e = pending.pop()
+            if e not in self.shared:
+                self.shared.append(e)
+                self.attributes |= e.attributes
+                pending += e.uses
 
     def note_strategy(self, conjunction: str, strategy: str, reason: str) -> None:
         """Record how a conjunction is joined (an empty strategy notes a remark on it)."""
         self.strategies.append((conjunction, strategy, reason))
+        if self._owner is not None:
+            self._owner.notes.append((conjunction, strategy, reason))
 
     def attribute(self, name: Keyword, where: str) -> Attribute:
         """Look up an attribute used by a clause."""
@@ -83,31 +134,33 @@ class PlanContext:
     def handle(self, attribute: Attribute, face: str) -> TraceHandle:
         """A handle on one face of a shared attribute arrangement, at the install epoch."""
         trace = self._arrangement(attribute).index(face)
-        h = trace.handle(self.epoch, self.name)
-        self.handles.append(h)
+        h = trace.handle(self.epoch, self.owner)
+        self._holder().handles.append(h)
+        self._holder().attributes.add(attribute.name)
         self.attributes.add(attribute.name)
         return h
 
     def private_trace(self, label: str, columns: tuple[tuple[str, Kind], ...], key: tuple[str, ...],
                       role: str) -> Trace:
-        """A trace private to this query (its intermediate state or its result)."""
-        name = f"{self.name}: {label}"
-        taken = {t.name for t, _ in self.traces}
+        """A trace private to this query or to the shared rule being planned (intermediate state or result)."""
+        holder = self._holder()
+        name = f"{self.owner}: {label}"
+        taken = {t.name for t, _ in holder.traces}
         if name in taken:
             name = next(f"{name} #{i}" for i in range(2, len(taken) + 2) if f"{name} #{i}" not in taken)
         trace = Trace(self.spark, name, Layout(columns, key), self.policy, self.epoch)
-        self.traces.append((trace, role))
+        holder.traces.append((trace, role))
         return trace
 
     def distinct(self, node: Node, label: str) -> Distinct:
         """The set of ``node``'s tuples, its derivation counts kept in a private trace."""
         trace = self.private_trace(label, node.columns, tuple(node.names), "intermediate")
-        return Distinct(node, trace, self.name)
+        return Distinct(node, trace, self.owner)
 
     def view(self, frame) -> str:
         """Register a constant frame of this query as a temp view (dropped on release)."""
         name = register_view(frame, prefix="ff_s")
-        self.views.append(name)
+        self._holder().views.append(name)
         return name
 
     def column(self, hint: str) -> str:
@@ -117,7 +170,11 @@ class PlanContext:
         return f"c{self._columns}_{clean}"
 
     def release(self) -> None:
-        """Release every handle and private trace created so far."""
+        """Release every handle and private trace created so far, and the shared rules
+        planned for this query that were never installed."""
+        for entry in self.shared:
+            if not entry.installed:
+                entry.release()
         for h in self.handles:
             h.release()
         for trace, _ in self.traces:

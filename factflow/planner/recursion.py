@@ -136,7 +136,7 @@ def plan_component(name: str, component: list[str], pc: "PlanContext", stack: tu
         pc.transient = saved
     traces = {r: pc.private_trace(f"rule {r}", columns[r], tuple(n for n, _ in columns[r]), "intermediate")
               for r in component}
-    fixpoint = Fixpoint(columns, refs, bodies, traces, pc.name, goal)
+    fixpoint = Fixpoint(columns, refs, bodies, traces, pc.owner, goal)
     for r in component:
         pc.rule_relations[r] = (fixpoint.outputs[r], kinds[r])
     return pc.rule_relations[name]

@@ -21,6 +21,7 @@ from factflow.lang.ast import (
 from factflow.planner.conjunction import Scope, pattern_kinds, plan_conjunction
 from factflow.planner.context import PlanContext
 from factflow.planner.relations import binding_rows, static_relation
+from factflow.planner.shared import SharedRule
 from factflow.planner.strategy import STRATEGIES
 
 __all__ = ["Dataflow", "synthesize", "STRATEGIES"]
@@ -58,8 +59,12 @@ class Dataflow:
         return list(self.pc.traces)
 
     def handles(self):
-        """Every trace handle the query holds."""
+        """Every trace handle the query holds (those of the shared rules it reads not included)."""
         return list(self.pc.handles)
+
+    def shared_rules(self) -> list[SharedRule]:
+        """The shared rules the query reads (see :mod:`factflow.planner.shared`)."""
+        return list(self.pc.shared)
 
     def explain(self) -> str:
         """A readable description of the plan."""
@@ -91,7 +96,8 @@ class Dataflow:
         return "\n".join(lines)
 
     def close(self) -> None:
-        """Release every handle and private trace."""
+        """Release every handle and private trace (shared rules are released by the engine
+        when their last reader closes)."""
         self.pc.release()
 
 

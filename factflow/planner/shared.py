@@ -1,0 +1,114 @@
+"""Rules planned once and maintained once for every query that calls them.
+
+A registered rule called without bound arguments (or a recursive component of such
+rules) defines one relation whatever query asks for it. The first query that calls it
+plans it (with that query's join strategy) into a :class:`SharedRule`: the rule's
+operators and the state they keep, owned by the rule rather than by the query. Later
+queries with the same strategy read the same operators: on install they see the rule's
+maintained state as their initial change (nothing is recomputed), and in every epoch
+the engine evaluates the rule's operators once for all the queries reading them. The
+state is released when the last query using it closes.
+
+Goal-directed calls (:mod:`factflow.planner.magic`) are not shared: their rewritten
+rules depend on the call's seed, so each call keeps its own.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from factflow.arrangement.batch import drop_view
+from factflow.dataflow.nodes import Node, Stateful
+from factflow.dataflow.recursion import Fixpoint
+from factflow.edn import Keyword
+from factflow.model.types import Kind
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pyspark.sql import SparkSession
+
+    from factflow.arrangement.trace import Trace, TraceHandle
+    from factflow.dataflow.context import EpochContext
+
+__all__ = ["SharedRule", "SharedRules"]
+
+
+class SharedRule:
+    """The relations of one rule (or recursive component) planned with one join strategy,
+    the state they hold, and the queries that read them."""
+
+    def __init__(self, spark: "SparkSession", rules: list[str], strategy: str):
+        self.spark = spark
+        self.rules = tuple(rules)
+        self.strategy = strategy
+        self.name = f"shared {'/'.join(self.rules)} ({strategy})"
+        self.relations: dict[str, tuple[Node, list[Kind]]] = {}
+        self.handles: list["TraceHandle"] = []
+        self.traces: list[tuple["Trace", str]] = []
+        self.views: list[str] = []
+        self.attributes: set[Keyword] = set()
+        self.notes: list[tuple[str, str, str]] = []
+        self.uses: list[SharedRule] = []  # the shared rules its bodies call
+        self.users: set[str] = set()
+        self.installed = False
+
+    def stateful(self) -> list[Node]:
+        """The operators the engine evaluates for this rule (those of the rules it uses included)."""
+        seen: list[Node] = []
+        for relation, _ in self.relations.values():
+            for n in relation.walk():
+                if isinstance(n, (Stateful, Fixpoint)) and n not in seen:
+                    seen.append(n)
+        return seen
+
+    def present_as_installed(self, cx: "EpochContext") -> None:
+        """Give an install evaluation the rule's maintained relations as they stand (their
+        whole state is the installing query's change), so nothing of the rule is recomputed."""
+        for relation, _ in self.relations.values():
+            relation.present_as_installed(cx)  # type: ignore[attr-defined]
+
+    def tuples(self) -> int:
+        """Rows held in the rule's traces."""
+        return sum(t.tuples for t, _ in self.traces)
+
+    def release(self) -> None:
+        """Release every handle, trace and view of the rule."""
+        for h in self.handles:
+            h.release()
+        for trace, _ in self.traces:
+            trace.close()
+        for view in self.views:
+            drop_view(self.spark, view)
+        self.handles, self.traces, self.views = [], [], []
+
+
+class SharedRules:
+    """The engine's shared rules, by (rule name, join strategy)."""
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple[str, str], SharedRule] = {}
+
+    def get(self, rule: str, strategy: str) -> SharedRule | None:
+        """The installed shared relation of ``rule`` planned with ``strategy``, if any."""
+        return self._entries.get((rule, strategy))
+
+    def entries(self) -> list[SharedRule]:
+        """Every installed shared rule, each once."""
+        return list(dict.fromkeys(self._entries.values()))
+
+    def commit(self, user: str, used: list[SharedRule]) -> None:
+        """Record that query ``user`` (now installed) reads ``used``; new entries become shared."""
+        for entry in used:
+            if not entry.installed:
+                entry.installed = True
+                for rule in entry.rules:
+                    self._entries[(rule, entry.strategy)] = entry
+            entry.users.add(user)
+
+    def release(self, user: str) -> None:
+        """Query ``user`` closed: release the rules no query reads any more."""
+        for entry in self.entries():
+            entry.users.discard(user)
+            if not entry.users:
+                entry.release()
+                for rule in entry.rules:
+                    del self._entries[(rule, entry.strategy)]

@@ -29,7 +29,9 @@ left-linear ``tc(a,b) :- tc(a,c), edge(c,b)`` called as ``tc(x,?)`` asks only fo
 ``x``, but a right-linear one asks for the closure of every node reachable from ``x``
 (all of it relevant, but quadratic on dense graphs); to a bound target it is the reverse.
 Same generation asks for every ancestor of its argument. Each goal-directed call has its
-own rules and state (the seed is the call's), nothing is shared between queries.
+own rewritten rules and state (the seed is the call's); the registered non-recursive
+rules their bodies call are shared with other queries like any rule called without
+bound arguments (:mod:`factflow.planner.shared`).
 
 The rewriting is skipped (the call is evaluated bottom-up in full) when no argument is
 bound, when a recursive call inside the component would receive no bound argument, when

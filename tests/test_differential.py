@@ -50,6 +50,8 @@ RULES = """[
  [(odd-hop ?a ?b) (even-hop ?a ?c) [?c :d/friend ?b]]
  [(sg ?x ?y) [?p :d/friend ?x] [?p :d/friend ?y] [(!= ?x ?y)]]
  [(sg ?x ?y) [?a :d/friend ?x] (sg ?a ?b) [?b :d/friend ?y]]
+ [(reach-left ?a ?b) [?a :d/friend ?b]]
+ [(reach-left ?a ?b) (reach-left ?a ?c) [?c :d/friend ?b]]
  [(tc2 ?a ?b) [?a :d/friend ?b]]
  [(tc2 ?a ?b) (tc2 ?a ?c) (tc2 ?c ?b)]
  [(reach-named ?n ?b) [?a :d/name ?n] (reach ?a ?b)]
@@ -157,6 +159,8 @@ GOAL_DIRECTED = [
     ("[:find ?a ?b :where [?b :d/age 1] (reach ?a ?b)]", (), "set"),
     ("[:find ?y :where (sg 1 ?y)]", (), "set"),
     ("[:find ?x ?y :where [?x :d/flag true] (sg ?x ?y)]", (), "set"),
+    ("[:find ?a :where (reach-left ?a 3)]", (), "set"),
+    ("[:find ?a ?b :in $ [?b ...] :where (reach-left ?a ?b)]", ([2, 5],), "set"),
     ("[:find ?b :where (tc2 2 ?b)]", (), "set"),
     ("[:find ?b :where (reach-named \"b\" ?b)]", (), "set"),
     ("[:find ?b :where (odd-hop 3 ?b)]", (), "set"),

@@ -28,6 +28,8 @@ The demand follows the shape of the rules, as in every magic-sets rewriting: a
 left-linear ``tc(a,b) :- tc(a,c), edge(c,b)`` called as ``tc(x,?)`` asks only for
 ``x``, but a right-linear one asks for the closure of every node reachable from ``x``
 (all of it relevant, but quadratic on dense graphs); to a bound target it is the reverse.
+A rule of exactly that transitive-closure shape is therefore turned around first when
+its written form does not suit the call (:mod:`factflow.planner.linear`).
 Same generation asks for every ancestor of its argument. Each goal-directed call has its
 own rewritten rules and state (the seed is the call's); the registered non-recursive
 rules their bodies call are shared with other queries like any rule called without
@@ -48,6 +50,7 @@ from factflow.errors import QueryError
 from factflow.lang.ast import BindScalar, Clause, Const, FnCall, Rule, RuleCall, Var, term_vars
 from factflow.lang.rules import bound_vars, rule_calls
 from factflow.model.types import Kind, kind_of_python_value
+from factflow.planner.linear import turned_around
 from factflow.planner.recursion import check_stratified, component_of, infer_kinds, plan_component
 from factflow.planner.relations import static_relation
 from factflow.planner.sips import close, is_relation, needs, sips_order
@@ -170,6 +173,11 @@ def goal_relation(clause: RuleCall, left: Node | None, scope: "Scope", pc: "Plan
         return None
     check_stratified(component, pc)
     pc.goal_calls += 1
+    turned = turned_around(clause.name, a, component, pc, f"{clause.name}-turned")
+    if turned is not None:
+        pc.add_rules({turned[0].name: turned})
+        clause = RuleCall(turned[0].name, clause.args, clause.form)
+        component = [clause.name]
     names = _Names(pc.goal_calls)
     rules = rewrite(clause.name, a, component, pc, names)
     if rules is None:

@@ -8,7 +8,7 @@ from typing import Callable
 from pyspark.sql import SparkSession
 
 from factflow.arrangement.attribute import AttributeArrangement
-from factflow.arrangement.batch import Layout, drop_view, register_view
+from factflow.arrangement.batch import Layout, register_view
 from factflow.arrangement.trace import MergePolicy, Trace, TraceHandle
 from factflow.dataflow.nodes import Distinct, Node
 from factflow.edn import Keyword
@@ -16,12 +16,13 @@ from factflow.lang.ast import Rule
 from factflow.lang.rules import RuleStore
 from factflow.model.schema import Attribute, Schema
 from factflow.model.types import Kind
+from factflow.planner.holdings import Holdings
 from factflow.planner.shared import SharedRule, SharedRules
 
 __all__ = ["PlanContext"]
 
 
-class PlanContext:
+class PlanContext(Holdings):
     """Everything the planner needs about the engine, and a record of what it allocates.
 
     Handles and private traces created while planning are recorded so that a failed
@@ -34,7 +35,7 @@ class PlanContext:
                  arrangement: Callable[[Attribute], AttributeArrangement], rules: RuleStore,
                  name: str, epoch: int, policy: MergePolicy, semantics: str, strategy: str = "binary",
                  shared_rules: SharedRules | None = None):
-        self.spark = spark
+        super().__init__(spark)
         self.schema = schema
         self._arrangement = arrangement
         self.rules = rules
@@ -44,14 +45,10 @@ class PlanContext:
         self.semantics = semantics
         self.strategy = strategy  # the requested join strategy (see planner.strategy)
         self.strategies: list[tuple[str, str, str]] = []  # (conjunction, strategy, reason) as planned
-        self.handles: list[TraceHandle] = []
-        self.traces: list[tuple[Trace, str]] = []
-        self.attributes: set[Keyword] = set()
         self.rule_relations: dict[str, tuple] = {}
         self.local_rules: dict[str, tuple[Rule, ...]] = {}  # rules rewritten for this query (magic sets)
         self.goal_calls = 0  # goal-directed calls planned so far (numbers their rewritten rules)
         self.transient = False  # planning the bodies of a recursive component
-        self.views: list[str] = []
         self.shared_rules = shared_rules  # None: every rule is planned privately
         self.shared: list[SharedRule] = []  # shared rules the query reads (created or reused)
         self._owner: SharedRule | None = None  # the shared rule being planned
@@ -62,7 +59,7 @@ class PlanContext:
         """Who owns what is created now: the shared rule being planned, else the query."""
         return self._owner.name if self._owner is not None else self.name
 
-    def _holder(self):
+    def _holder(self) -> Holdings:
         return self._owner if self._owner is not None else self
 
     def shared_rule(self, name: str, members: list[str], plan: Callable[[], tuple[Node, list[Kind]]]
@@ -175,12 +172,4 @@ class PlanContext:
         for entry in self.shared:
             if not entry.installed:
                 entry.release()
-        for h in self.handles:
-            h.release()
-        for trace, _ in self.traces:
-            trace.close()
-        for name in self.views:
-            drop_view(self.spark, name)
-        self.handles = []
-        self.traces = []
-        self.views = []
+        super().release()

@@ -17,35 +17,29 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from factflow.arrangement.batch import drop_view
 from factflow.dataflow.nodes import Node, Stateful
 from factflow.dataflow.recursion import Fixpoint
-from factflow.edn import Keyword
 from factflow.model.types import Kind
+from factflow.planner.holdings import Holdings
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import SparkSession
 
-    from factflow.arrangement.trace import Trace, TraceHandle
     from factflow.dataflow.context import EpochContext
 
 __all__ = ["SharedRule", "SharedRules"]
 
 
-class SharedRule:
+class SharedRule(Holdings):
     """The relations of one rule (or recursive component) planned with one join strategy,
     the state they hold, and the queries that read them."""
 
     def __init__(self, spark: "SparkSession", rules: list[str], strategy: str):
-        self.spark = spark
+        super().__init__(spark)
         self.rules = tuple(rules)
         self.strategy = strategy
         self.name = f"shared {'/'.join(self.rules)} ({strategy})"
         self.relations: dict[str, tuple[Node, list[Kind]]] = {}
-        self.handles: list["TraceHandle"] = []
-        self.traces: list[tuple["Trace", str]] = []
-        self.views: list[str] = []
-        self.attributes: set[Keyword] = set()
         self.notes: list[tuple[str, str, str]] = []
         self.uses: list[SharedRule] = []  # the shared rules its bodies call
         self.users: set[str] = set()
@@ -69,16 +63,6 @@ class SharedRule:
     def tuples(self) -> int:
         """Rows held in the rule's traces."""
         return sum(t.tuples for t, _ in self.traces)
-
-    def release(self) -> None:
-        """Release every handle, trace and view of the rule."""
-        for h in self.handles:
-            h.release()
-        for trace, _ in self.traces:
-            trace.close()
-        for view in self.views:
-            drop_view(self.spark, view)
-        self.handles, self.traces, self.views = [], [], []
 
 
 class SharedRules:

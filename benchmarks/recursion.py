@@ -135,6 +135,7 @@ def goal_directed(db: Engine, edges: pd.DataFrame, query: str, column: str, coun
         seconds, q = limited(db, lambda: db.query(query.format(x=x), name="goal"), limit)
         if seconds is None:
             out["not_finished"].append(f"{x}: {q}")
+            print(f"  argument {x}: {q}", flush=True)
             installs.append(float("inf"))
             if len(installs) == 1:
                 break
@@ -145,6 +146,7 @@ def goal_directed(db: Engine, edges: pd.DataFrame, query: str, column: str, coun
         updates.append(up)
         jobs.append(n)
         q.close()
+        print(f"  argument {x}: install {seconds:.2f} s, {sizes[-1]} tuples; update {up:.2f} s, {n} jobs", flush=True)
     if updates:
         def shown(seconds: float) -> float | str:
             return round(seconds, 3) if seconds != float("inf") else f"> {limit:.0f}"
@@ -212,7 +214,10 @@ def main() -> None:
         db.close()
         figures[graph] = per_graph
     figures["total_s"] = round(time.perf_counter() - started, 1)
-    report("recursion-quick" if args.quick else "recursion", machine_facts(spark), figures)
+    name = "recursion-quick" if args.quick else "recursion"
+    if args.graphs != parser.get_default("graphs"):
+        name += "-" + args.graphs.replace(",", "-")
+    report(name, machine_facts(spark), figures)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,9 @@ def test_explain_shows_the_adornment_and_the_seed(chain):
     assert "goal-directed: (tc ?s ?y) as tc[bf]#1" in plan
     assert "magic-tc[bf]#1" in plan
     assert "seeded with the distinct bindings of ?s" in plan
+    # only the base body (and its copy for rederivation) joins the magic set: the recursive
+    # step reads its own adorned rule with the same bound argument, whose tuples are all in it
+    assert plan.count("Recursive reference magic-tc[bf]#1") == 2
     assert "goal-directed" not in chain.query("[:find ?x ?y :where (tc ?x ?y)]").explain()
 
 

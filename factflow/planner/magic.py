@@ -15,6 +15,13 @@ into
   its constants and from the distinct projection of the bound columns of the clauses
   before the call (a relation of the query that changes with the data).
 
+A body that calls its own adorned rule with the head's bound arguments unchanged (the
+recursive step of a linear closure) drops its magic guard: every tuple of the adorned
+rule already has its bound arguments in the magic set (each body either is guarded or
+inherits them from such a call), so the guard would filter nothing and only cost every
+iteration a join (and a Spark broadcast job). The guard still heads the prefix from which
+the body's other calls get their demand.
+
 Sideways information passing follows :func:`~factflow.planner.sips.sips_order` (body
 order, but a relation clause sharing a variable with what is bound goes first). This keeps the demand
 narrow (``reach(?a, 5)`` through ``edge(?a ?c), reach(?c ?b)`` passes ``?b`` to the
@@ -114,11 +121,14 @@ def rewrite(name: str, a: str, component: Sequence[str], pc: "PlanContext", name
             filters = [c for c in body.body if not is_relation(c)]
             bound = close({v for v, x in zip(head, a) if x == "b"}, filters)
             prefix: list[Clause] = [guard]
+            implied = False  # the guard holds for every binding of a call of this very adorned rule
             for clause in sips_order(body.body, bound):
                 if isinstance(clause, RuleCall) and clause.name in members:
                     b = adornment(clause.args, bound)
                     if "b" not in b:
                         return None
+                    implied = implied or (clause.name == rule and b == a and guard.args == tuple(
+                        t for t, x in zip(clause.args, b) if x == "b"))
                     if (clause.name, b) not in seen:
                         seen.add((clause.name, b))
                         todo.append((clause.name, b))
@@ -128,7 +138,8 @@ def rewrite(name: str, a: str, component: Sequence[str], pc: "PlanContext", name
                     clause = RuleCall(names.adorned(clause.name, b), clause.args, clause.form)
                 prefix.append(clause)
                 bound = close(bound | bound_vars([clause]), filters)
-            rules[adorned].append(Rule(adorned, (), head, tuple(prefix + filters), body.form))
+            clauses = prefix[1:] if implied else prefix
+            rules[adorned].append(Rule(adorned, (), head, tuple(clauses + filters), body.form))
     return {n: tuple(bodies) for n, bodies in rules.items()}
 
 

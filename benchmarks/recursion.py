@@ -17,6 +17,12 @@ counted as slower than the limit in the median; if a query's first install does 
 finish, its remaining arguments are skipped. Where the full evaluation finishes, a second query
 reading the same rule is installed beside it: the rule is shared, so that install reads
 the maintained closure instead of deriving it again.
+For the transitive-closure queries, each argument is also answered the way a Spark user
+would without factflow: a breadth-first search over a cached edge DataFrame, one join per
+level, each level's new nodes and the reached set checkpointed (``spark_bfs``); that is
+also what such a user pays again after every change, so it is the baseline for both the
+install and the update. Each update is undone (untimed) after it, so the graph stays the
+file's graph and the baseline's node count must equal the query's result size.
 Finally, on tree11, the time to retract 100 random edges one epoch at a time from a
 maintained ``tc(x,?)`` whose closure holds a few thousand nodes (median and total).
 
@@ -38,6 +44,8 @@ import time
 from typing import Callable
 
 import pandas as pd
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
 from common import GRAPHS, machine_facts, median, report, session, timed, trivial_job_seconds
 
 from factflow import Engine
@@ -48,10 +56,11 @@ RULES = """[
  [(sg ?x ?y) [?p :edge ?x] [?p :edge ?y] [(!= ?x ?y)]]
  [(sg ?x ?y) [?a :edge ?x] (sg ?a ?b) [?b :edge ?y]]
 ]"""
+# query: (text, column its arguments come from, full evaluation, edge orientation of the BFS baseline)
 QUERIES = {
-    "tc(x,?)": ("[:find ?y :where (tc {x} ?y)]", "src", "[:find ?a ?b :where (tc ?a ?b)]"),
-    "tc(?,x)": ("[:find ?y :where (tc ?y {x})]", "dst", None),  # the same full evaluation
-    "sg(x,?)": ("[:find ?y :where (sg {x} ?y)]", "dst", "[:find ?x ?y :where (sg ?x ?y)]"),
+    "tc(x,?)": ("[:find ?y :where (tc {x} ?y)]", "src", "[:find ?a ?b :where (tc ?a ?b)]", ("src", "dst")),
+    "tc(?,x)": ("[:find ?y :where (tc ?y {x})]", "dst", None, ("dst", "src")),  # the same full evaluation
+    "sg(x,?)": ("[:find ?y :where (sg {x} ?y)]", "dst", "[:find ?x ?y :where (sg ?x ?y)]", None),
 }
 GRAPH_NAMES = ("tree11", "grid150", "gnp10K")
 SOURCES, QUICK_SOURCES = 20, 2  # arguments per graph and query (Table 3 has 100)
@@ -109,27 +118,54 @@ def full_evaluation(db: Engine, text: str, limit: float) -> dict:
     return out
 
 
-def update(db: Engine, edges: pd.DataFrame, rng: random.Random) -> tuple[float, int]:
-    """One epoch adding a random edge and retracting a random existing one; (seconds, Spark jobs).
-
-    The graph drifts by these two edges per argument (a few edges in all)."""
+def update(db: Engine, edges: pd.DataFrame, rng: random.Random) -> tuple[float, int, Callable[[], object]]:
+    """One epoch adding a random new edge and retracting a random existing one:
+    (seconds, Spark jobs, a function that undoes it)."""
     nodes = edges["src"].to_numpy()
+    present = set(zip(edges["src"].tolist(), edges["dst"].tolist()))
+    added = (int(rng.choice(nodes)), int(rng.choice(nodes)))
+    while added in present:
+        added = (int(rng.choice(nodes)), int(rng.choice(nodes)))
     gone = edges.iloc[rng.randrange(len(edges))]
-    tx = [[":db/add", int(rng.choice(nodes)), ":edge", int(rng.choice(nodes))],
-          [":db/retract", int(gone.src), ":edge", int(gone.dst)]]
-    seconds, _ = timed(lambda: db.transact(tx))
-    return seconds, len(db.epoch_log[-1].jobs)
+    gone = (int(gone.src), int(gone.dst))
+    seconds, _ = timed(lambda: db.transact([[":db/add", added[0], ":edge", added[1]],
+                                            [":db/retract", gone[0], ":edge", gone[1]]]))
+    jobs = len(db.epoch_log[-1].jobs)
+    return seconds, jobs, lambda: db.transact([[":db/retract", added[0], ":edge", added[1]],
+                                               [":db/add", gone[0], ":edge", gone[1]]])
+
+
+def spark_bfs(forward: DataFrame, x: int) -> int:
+    """The nodes reachable from ``x`` by one or more ``src -> dst`` edges of ``forward`` (a
+    cached DataFrame), found the way a Spark user would without factflow: one join per
+    level, the new nodes and the reached set checkpointed each level (so the lineage does
+    not grow with the depth)."""
+    spark = forward.sparkSession
+    frontier = spark.createDataFrame([(x,)], "node long")
+    reached = spark.createDataFrame([], "node long")
+    total = 0
+    while True:
+        found = (frontier.join(forward, frontier.node == forward.src).select(F.col("dst").alias("node"))
+                 .distinct().join(reached, "node", "left_anti").localCheckpoint())
+        n = found.count()
+        if n == 0:
+            return total
+        total += n
+        reached = reached.unionAll(found).localCheckpoint()
+        frontier = found
 
 
 def goal_directed(db: Engine, edges: pd.DataFrame, query: str, column: str, count: int, seed: int,
-                  limit: float) -> dict:
-    """Install/update figures of ``query`` over ``count`` random arguments taken from ``column``.
+                  limit: float, baseline: DataFrame | None) -> dict:
+    """Install/update figures of ``query`` over ``count`` random arguments taken from ``column``,
+    and with ``baseline`` (the edges as a cached DataFrame, oriented from the argument) the
+    time of :func:`spark_bfs` from each argument.
 
     An install that does not finish within ``limit`` counts as taking longer (it enters the
     median as infinite); if the first install does not finish, the rest are skipped."""
     rng = random.Random(seed)
     candidates = sorted(set(edges[column].tolist()))
-    installs, updates, jobs, sizes = [], [], [], []
+    installs, updates, jobs, sizes, searches = [], [], [], [], []
     out: dict = {"not_finished": []}
     for x in rng.sample(candidates, count):
         seconds, q = limited(db, lambda: db.query(query.format(x=x), name="goal"), limit)
@@ -142,11 +178,22 @@ def goal_directed(db: Engine, edges: pd.DataFrame, query: str, column: str, coun
             continue
         installs.append(seconds)
         sizes.append(db.stats()["query_tuples"]["goal"])
-        up, n = update(db, edges, rng)
+        answer = len(q.results())
+        up, n, undo = update(db, edges, rng)
         updates.append(up)
         jobs.append(n)
         q.close()
-        print(f"  argument {x}: install {seconds:.2f} s, {sizes[-1]} tuples; update {up:.2f} s, {n} jobs", flush=True)
+        undo()
+        line = f"  argument {x}: install {seconds:.2f} s, {answer} results, {sizes[-1]} tuples held; " \
+               f"update {up:.2f} s, {n} jobs"
+        if baseline is not None:
+            search, reached = timed(lambda: spark_bfs(baseline, x))
+            searches.append(search)
+            line += f"; Spark BFS {search:.2f} s"
+            if reached != answer:
+                line += f" (MISMATCH: {reached} nodes)"
+                out.setdefault("mismatches", []).append(x)
+        print(line, flush=True)
     if updates:
         def shown(seconds: float) -> float | str:
             return round(seconds, 3) if seconds != float("inf") else f"> {limit:.0f}"
@@ -157,6 +204,9 @@ def goal_directed(db: Engine, edges: pd.DataFrame, query: str, column: str, coun
             "update_median_s": round(median(updates), 3), "update_max_s": round(max(updates), 3),
             "update_jobs_median": median(jobs), "private_tuples_median": median(sizes),
         })
+        if searches:
+            out.update({"spark_bfs_median_s": round(median(searches), 3), "spark_bfs_max_s": round(max(searches), 3),
+                        "spark_bfs_over_update": round(median(searches) / median(updates), 1)})
     return out
 
 
@@ -202,15 +252,24 @@ def main() -> None:
     for graph in args.graphs.split(","):
         load_s, (db, edges) = timed(lambda: load(spark, graph))
         per_graph: dict = {"load_s": round(load_s, 2), "edges": len(edges)}
-        for number, (label, (query, column, full)) in enumerate(QUERIES.items()):
+        stored = spark.createDataFrame(edges).cache()
+        for number, (label, (query, column, full, orientation)) in enumerate(QUERIES.items()):
+            baseline = None
+            if orientation is not None:
+                baseline = stored.select(F.col(orientation[0]).alias("src"), F.col(orientation[1]).alias("dst")).cache()
+                baseline.count()
             # a seed per query, so that its updates do not repeat (as no-ops) those of the one before
-            per_graph[label] = goal_directed(db, edges, query, column, n, seed=7 + number, limit=install_limit)
+            per_graph[label] = goal_directed(db, edges, query, column, n, seed=7 + number, limit=install_limit,
+                                             baseline=baseline)
+            if baseline is not None:
+                baseline.unpersist()
             if full is not None:
                 per_graph[label].update(full_evaluation(db, full, limit))
             print(graph, label, per_graph[label], flush=True)
         if graph == "tree11":
             per_graph["retractions_from_tc(x,?)"] = retractions(db, edges, 20 if args.quick else 100, seed=3)
             print(graph, "retractions", per_graph["retractions_from_tc(x,?)"], flush=True)
+        stored.unpersist()
         db.close()
         figures[graph] = per_graph
     figures["total_s"] = round(time.perf_counter() - started, 1)

@@ -18,6 +18,12 @@ rederive* over semi-naive iterations, each iteration one Spark statement:
 The epoch's change is then ``(everything inserted) - D``. Work is proportional to the
 derivations touched by the change (and by the overdeleted tuples), not to the size of the
 relations; a retraction that other derivations still support is rederived, never lost.
+Overdeletion is DRed's weakness: a retraction upstream of much of a closure marks all of
+it, level by level, and then rederives nearly all of it (on a grid, or a dense random
+graph, almost every tuple has another derivation). So once the marked tuples pass a
+fraction of what the rules hold (``EngineConfig.recompute_fraction``), the epoch derives
+the rules again from the new inputs, as an install does, and emits the new sets minus
+the old: an epoch then costs about an install, not a multiple of it.
 Installing is the insert phase from empty state. Differential dataflow's iteration
 timestamps would avoid overdeletion, but need per-iteration versions of every
 arrangement, which Spark batches make costly; DRed keeps only the rule sets themselves.
@@ -150,10 +156,12 @@ class Fixpoint(Node):
         sub.set(ref, "delta", delta)
         sub.set(ref, "read-new", new)
 
-    def _heads(self, sub: EpochContext, body: RecursiveBody, guarded: bool, sign: str) -> str | None:
-        """Distinct rule tuples of the body's change with bindings of the given sign (``>`` or ``<``)."""
+    def _heads(self, sub: EpochContext, body: RecursiveBody, guarded: bool, sign: str,
+               whole: bool = False) -> str | None:
+        """Distinct rule tuples of the body's change (``whole``: of all its bindings as of NEW)
+        with bindings of the given sign (``>`` or ``<``)."""
         plan, head = (body.guarded, body.guarded_head) if guarded else (body.plan, body.head)
-        d = plan.delta(sub)
+        d = plan.read(sub, Version.NEW) if whole else plan.delta(sub)
         if d is None:
             return None
         bindings = sub.define(zset.consolidate(d, plan.names))
@@ -211,27 +219,38 @@ class Fixpoint(Node):
                 lost[b.rule].append(sub.define(_filter(h, within[b.rule], self._names(b.rule))))
         return lost
 
-    def run(self, cx: EpochContext, store: "Materializer", label: str,
+    def run(self, cx: EpochContext, store: "Materializer", label: str, recompute_fraction: float = 0.5,
             max_iterations: int = 100_000) -> dict[str, str]:
         """Bring every rule of the component up to date; returns each rule's change relation.
 
         Every iteration is one Spark job (``store.collect``) for all rules together; what
         the iterations accumulate (deleted and inserted tuples) is kept as one materialized
         relation per rule (``store.concat``), so each iteration's statement has the same
-        size however many iterations came before.
+        size however many iterations came before. Once the overdeleted tuples pass
+        ``recompute_fraction`` of the tuples the rules' traces hold, delete and rederive is
+        abandoned: the rules are derived again from the new inputs (what an install does)
+        and the change is the new sets minus the old, so an epoch never costs much more
+        than recomputing (``float("inf")``: never recompute, ``0``: on any overdeletion).
         """
         rules = list(self.rules)
         old = {r: self.old_state(cx, r) for r in rules}
         deleted: dict[str, str | None] = {r: None for r in rules}
         rederived: dict[str, str | None] = {r: None for r in rules}
+        recompute = False
         if not cx.install:
             # 1. overdelete
             sub = self._sub(cx, "actual")
             for r in rules:
                 self._bind(sub, self.refs[r], old[r], None, old[r])
             frontier = self._collect(sub, self._lost(sub, old), {}, store, f"{label}: overdelete")
+            held = sum(trace.tuples for trace in self.traces.values())
+            overdeleted = 0
             iterations = 0
             while frontier:
+                overdeleted += sum(rows for _, rows in frontier.values())
+                if overdeleted > recompute_fraction * held:
+                    recompute = True
+                    break
                 iterations += 1
                 prior = dict(deleted)
                 for r, (view, _) in frontier.items():
@@ -249,7 +268,7 @@ class Fixpoint(Node):
                 if iterations > max_iterations:
                     raise AssertionError("overdeletion did not terminate")
             # 2. rederive
-            if any(d is not None for d in deleted.values()):
+            if not recompute and any(d is not None for d in deleted.values()):
                 sub = self._sub(cx, "new")
                 for r in rules:
                     kept = self._minus(sub, r, old[r], deleted[r])
@@ -266,18 +285,25 @@ class Fixpoint(Node):
                         back[b.rule].append(h)
                 for r, (view, _) in self._collect(sub, back, {}, store, f"{label}: rederive").items():
                     rederived[r] = view
-        # 3. insert
-        current = {r: self._minus(cx, r, old[r], deleted[r]) for r in rules}
-        sub = self._sub(cx, "actual")
-        for r in rules:
-            seed_state = self._union(sub, r, [current[r], rederived[r]])
-            self._bind(sub, self.refs[r], seed_state, None, seed_state)
+        # 3. insert (when recomputing: from empty sets, seeded by every binding of the bodies)
+        if recompute:
+            deleted = dict(old)
+            current = {r: cx.define(zset.empty(self.rules[r])) for r in rules}
+            sub = self._sub(cx, "new")
+            for r in rules:
+                self._bind(sub, self.refs[r], current[r], None, current[r])
+        else:
+            current = {r: self._minus(cx, r, old[r], deleted[r]) for r in rules}
+            sub = self._sub(cx, "actual")
+            for r in rules:
+                seed_state = self._union(sub, r, [current[r], rederived[r]])
+                self._bind(sub, self.refs[r], seed_state, None, seed_state)
         gained = {r: [rederived[r]] if rederived[r] is not None else [] for r in rules}
         for b in self.bodies:
-            h = self._heads(sub, b, False, ">")
+            h = self._heads(sub, b, False, ">", whole=recompute)
             if h is not None:
                 gained[b.rule].append(h)
-        frontier = self._collect(sub, gained, current, store, f"{label}: insert")
+        frontier = self._collect(sub, gained, current, store, f"{label}: {'recompute' if recompute else 'insert'}")
         inserted: dict[str, str | None] = {r: None for r in rules}
         iterations = 0
         while frontier:

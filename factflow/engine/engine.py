@@ -66,6 +66,9 @@ class EngineConfig:
     settings for the statements of small epochs, whose cost is Spark's fixed overhead per
     task and per compiled stage rather than data (one shuffle partition, no whole-stage
     code generation); they apply only while such a statement is planned.
+    ``recompute_fraction``: a recursive component whose delete-and-rederive overdeletes more
+    than this fraction of the tuples it holds is derived again from scratch instead (see
+    :meth:`factflow.dataflow.recursion.Fixpoint.run`).
     """
 
     local_limit: int = 20_000
@@ -75,6 +78,7 @@ class EngineConfig:
         ("spark.sql.shuffle.partitions", "1"),
         ("spark.sql.codegen.wholeStage", "false"),
     )
+    recompute_fraction: float = 0.5
 
 
 @dataclass
@@ -354,7 +358,8 @@ class Engine:
             return {}
         names = ", ".join(df.name for df in dataflows)
         what = f"install {names}" if cx.install else f"epoch {cx.epoch}: queries {names}"
-        return Evaluation(self.spark, cx, self._small_statements).run(nodes, subscribed, what)
+        return Evaluation(self.spark, cx, self._small_statements,
+                          self.config.recompute_fraction).run(nodes, subscribed, what)
 
     @staticmethod
     def _state_of(dataflows: Sequence[Dataflow]) -> tuple[list[TraceHandle], list[Trace]]:

@@ -52,10 +52,12 @@ def _touches_stored_state(node: Stateful) -> bool:
 class Evaluation:
     """One evaluation of a set of stateful operators; :meth:`run` commits and returns outputs."""
 
-    def __init__(self, spark: SparkSession, cx: EpochContext, small_statements: "Callable[[], AbstractContextManager]"):
+    def __init__(self, spark: SparkSession, cx: EpochContext, small_statements: "Callable[[], AbstractContextManager]",
+                 recompute_fraction: float = 0.5):
         self.spark = spark
         self.cx = cx
         self.small_statements = small_statements
+        self.recompute_fraction = recompute_fraction
         self._views: list[str] = []
         self._stored: list[DataFrame] = []
         self._local: dict[str, pd.DataFrame] = {}
@@ -114,7 +116,7 @@ class Evaluation:
     # ------------------------------------------------------------ recursive components
     def _fixpoint(self, node: Fixpoint, label: str) -> None:
         """Run a fixpoint's iterations (each materialized) and commit its rules' changes."""
-        changes = node.run(self.cx, self, label)
+        changes = node.run(self.cx, self, label, self.recompute_fraction)
         collected = self.collect(self.cx, {r: (c, node.rules[r]) for r, c in changes.items()}, f"{label}: changes")
         for rule, output in node.outputs.items():
             view, rows = collected.get(rule, (None, 0))

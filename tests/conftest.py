@@ -17,7 +17,7 @@ def spark():
     session = create_session(
         "local[2]",
         app_name="factflow-tests",
-        conf={"spark.driver.memory": "1g", "spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2"},
+        conf={"spark.driver.memory": "2g", "spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2"},
     )
     yield session
     session.stop()

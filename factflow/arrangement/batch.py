@@ -14,7 +14,9 @@ Two physical forms exist:
   are kept as checkpoints.)
 
 Both report their exact row count, so tuple accounting is exact, and both are registered
-as a Spark temp view so that the SQL the dataflow generates can name them.
+as a Spark temp view so that the SQL the dataflow generates can name them. A stored batch
+is also written, once, as sorted index files that probes read by key (:mod:`.index`); a
+local batch offers its rows as an Arrow table for the same probes.
 """
 
 from __future__ import annotations
@@ -23,9 +25,11 @@ import itertools
 from dataclasses import dataclass
 
 import pandas as pd
+import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
+from factflow.arrangement.index import arrow_schema, remove_index, write_index
 from factflow.model.types import Kind, spark_type
 
 __all__ = ["Layout", "Batch", "TIME", "DIFF"]
@@ -59,6 +63,10 @@ class Layout:
     def all_names(self) -> list[str]:
         """Data columns followed by ``_t`` and ``_diff``."""
         return self.names + [TIME, DIFF]
+
+    def arrow_schema(self) -> pa.Schema:
+        """The Arrow schema of a batch with this layout."""
+        return arrow_schema(list(self.columns) + [(TIME, Kind.LONG), (DIFF, Kind.LONG)])
 
     def spark_schema(self) -> T.StructType:
         """The Spark schema of a batch with this layout."""
@@ -102,7 +110,7 @@ def release_checkpoint(frame: DataFrame) -> None:
 class Batch:
     """An immutable batch of updates covering epochs ``[lower, upper)``, readable as a view."""
 
-    __slots__ = ("lower", "upper", "rows", "frame", "local", "view", "_stored")
+    __slots__ = ("lower", "upper", "rows", "frame", "local", "view", "index", "index_paths", "_stored", "_arrow")
 
     def __init__(self, lower: int, upper: int, rows: int, frame: DataFrame,
                  local: pd.DataFrame | None = None, stored: DataFrame | None = None):
@@ -112,6 +120,9 @@ class Batch:
         self.frame = frame
         self.local = local
         self._stored = stored
+        self._arrow: pa.Table | None = None
+        self.index: str | None = None  # directory of the sorted index files (stored batches)
+        self.index_paths: list[str] = []
         self.view = register_view(frame) if rows else None
 
     @property
@@ -125,6 +136,18 @@ class Batch:
     def is_local(self) -> bool:
         """Whether the rows live on the driver (a LocalRelation) rather than in Spark's cache."""
         return self.local is not None
+
+    def arrow(self, layout: Layout) -> pa.Table:
+        """The rows of a local batch as an Arrow table with ``layout``'s schema (cached)."""
+        if self._arrow is None:
+            self._arrow = pa.Table.from_pandas(self.local, schema=layout.arrow_schema(), preserve_index=False)
+        return self._arrow
+
+    def write_index(self, key: tuple[str, ...], directory: str) -> None:
+        """Write this stored batch's sorted index files (once; a Spark job)."""
+        if self.index is None and self.rows and self.local is None:
+            self.index_paths = write_index(self.frame, key, directory)
+            self.index = directory
 
     @classmethod
     def from_pandas(cls, spark: SparkSession, layout: Layout, frame: pd.DataFrame,
@@ -148,6 +171,9 @@ class Batch:
         if self._stored is not None:
             release_checkpoint(self._stored)
             self._stored = None
+        if self.index is not None:
+            remove_index(self.index)
+            self.index, self.index_paths = None, []
 
     def __repr__(self) -> str:
         form = "local" if self.is_local else "cached"

@@ -11,16 +11,23 @@ a merge sort would, so a trace holds logarithmically many batches. Merging *comp
 times older than the compaction frontier are advanced to it, updates that become
 indistinguishable are summed, and rows whose diff sums to zero are dropped. Small merged
 batches stay on the driver (see :mod:`.batch`); larger ones are consolidated by Spark,
-partitioned by the trace's key, checkpointed and counted.
+partitioned by the trace's key, checkpointed and counted, and written as sorted index
+files (:mod:`.index`) so that small epochs probe them by key instead of scanning them.
+Readers see a trace only through their handles (:class:`TraceHandle`: reads as of an
+epoch, probe sources); appending, merging and compacting are the trace's own methods,
+which only the engine's evaluation and maintenance call.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
+import os
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 
 from factflow.arrangement.batch import DIFF, TIME, Batch, Layout, checkpoint, release_checkpoint
@@ -30,6 +37,7 @@ from factflow.model.types import sql_type
 __all__ = ["MergePolicy", "Trace", "TraceHandle"]
 
 log = logging.getLogger(__name__)
+_TRACE_IDS = itertools.count(1)
 
 
 @dataclass(frozen=True)
@@ -39,11 +47,13 @@ class MergePolicy:
     ``factor``: a newer batch is merged into its older neighbour while the neighbour holds
     at most ``factor`` times as many rows. ``local_limit``: merged batches of at most this
     many rows stay on the driver. ``partitions``: partitions of cached batches.
+    ``directory``: where stored batches write their index files (None: not indexed).
     """
 
     factor: int = 2
     local_limit: int = 20_000
     partitions: int = 2
+    directory: str | None = None
 
 
 class TraceHandle:
@@ -61,6 +71,25 @@ class TraceHandle:
         if as_of < self.frontier:
             raise FactflowError(f"{self.owner} cannot read {self.trace.name} as of {as_of}: its frontier is {self.frontier}")
         return self.trace.read(as_of)
+
+    def probe_sources(self, as_of: int) -> tuple[list[str], list[pa.Table]] | None:
+        """What a probe as of ``as_of`` reads: the index files of stored batches and the
+        Arrow rows of local ones; None when the trace holds no stored batch (a SQL join
+        over its local batches is then cheaper) or cannot be probed."""
+        self._check()
+        if as_of < self.frontier:
+            raise FactflowError(f"{self.owner} cannot read {self.trace.name} as of {as_of}: its frontier is {self.frontier}")
+        return self.trace.probe_sources(as_of)
+
+    @property
+    def key(self) -> tuple[str, ...]:
+        """The columns the trace is keyed (and probed) by."""
+        return self.trace.layout.key or tuple(self.trace.layout.names)
+
+    @property
+    def layout(self) -> Layout:
+        """The trace's column layout."""
+        return self.trace.layout
 
     def advance(self, frontier: int) -> None:
         """Promise never to read before ``frontier`` again, allowing compaction."""
@@ -92,6 +121,8 @@ class Trace:
         self.batches: list[Batch] = []
         self._handles: set[TraceHandle] = set()
         self.merges = 0
+        self._id = next(_TRACE_IDS)
+        self._indexes = itertools.count(1)
 
     # ------------------------------------------------------------ readers
     def handle(self, frontier: int, owner: str) -> TraceHandle:
@@ -131,6 +162,28 @@ class Trace:
         if not parts:
             return self.empty()
         return "(" + " UNION ALL ".join(parts) + ")"
+
+    def probe_sources(self, as_of: int) -> tuple[list[str], list[pa.Table]] | None:
+        """See :meth:`TraceHandle.probe_sources`; writes the index of any stored batch
+        that has none yet (a Spark job each, normally done by :meth:`maintain`)."""
+        readable = [b for b in self.batches if b.lower <= as_of]
+        if self.policy.directory is None or all(b.is_local for b in readable):
+            return None
+        self.index_stored()
+        paths = [p for b in readable if not b.is_local for p in b.index_paths]
+        local = [b.arrow(self.layout) for b in readable if b.is_local]
+        return paths, local
+
+    def index_stored(self) -> int:
+        """Write the index files of stored batches that have none; returns how many were written."""
+        written = 0
+        for b in self.batches:
+            if not b.is_local and b.index is None:
+                directory = os.path.join(self.policy.directory, f"trace-{self._id}", f"batch-{next(self._indexes)}")
+                self.spark.sparkContext.setJobDescription(f"index {self.name} [{b.lower}, {b.upper})")
+                b.write_index(self.layout.key or tuple(self.layout.names), directory)
+                written += 1
+        return written
 
     def batches_between(self, lower: int, upper: int) -> list[Batch]:
         """Batches that hold only times in ``[lower, upper)``."""
@@ -211,6 +264,8 @@ class Trace:
             self.batches[-2:] = [merged] if merged.rows else []
             done += 1
         self.merges += done
+        if self.policy.directory is not None:
+            self.index_stored()
         return done
 
     def compact(self) -> None:

@@ -108,8 +108,8 @@ class Reduce(Stateful):
         new_input = self.child.read(cx, Version.NEW)
         old_output = self.state(cx, Version.OLD)
         if self.group:
-            new_input = cx.define(zset.semijoin(new_input, d, self.group, small_keys=cx.small))
-            old_output = cx.define(zset.semijoin(old_output, d, self.group, small_keys=cx.small))
+            new_input = cx.define(zset.semijoin(new_input, d, self.group))
+            old_output = cx.define(zset.semijoin(old_output, d, self.group))
         new_rows = cx.define(self._aggregate(new_input))
         retracted = cx.define(zset.select(old_output, self.names, diff=f"-{ident(DIFF)}"))
         return cx.define(zset.consolidate(f"({zset.union([new_rows, retracted], self.names)})", self.names))

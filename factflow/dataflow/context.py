@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from enum import Enum
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
+from factflow.arrangement.batch import register_view
 from factflow.dataflow.statement import Statement
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pyspark.sql import DataFrame, SparkSession
 
 __all__ = ["Version", "EpochContext"]
 
@@ -22,18 +26,23 @@ class EpochContext:
 
     In *install* mode the whole state as of ``epoch`` counts as the change and the old
     state is empty, so the same delta rules compute a query's initial result.
-    ``small`` says every base change of this epoch is small (held on the driver), so
-    operators may hint broadcasts of change-derived relations.
+    ``small`` says every base change of this epoch is small (held on the driver): its
+    statements then run in one partition, without broadcasts or shuffles, and operators
+    read large traces by probing their keys (:mod:`factflow.dataflow.lookup`), which
+    needs ``spark``.
 
     Operators describe their work as named SQL subqueries (:meth:`define`); a statement
     (:meth:`statement`) puts the ones it needs into a ``WITH`` clause, so each is written
     once however often it is referenced.
     """
 
-    def __init__(self, epoch: int, install: bool = False, small: bool = False):
+    def __init__(self, epoch: int, install: bool = False, small: bool = False,
+                 spark: "SparkSession | None" = None):
         self.epoch = epoch
         self.install = install
         self.small = small
+        self.spark = spark
+        self.views: list[str] = []  # temp views registered for this evaluation (dropped after it)
         self._memo: dict[tuple[int, str], str | None] = {}
         self._sql = Statement()
 
@@ -42,9 +51,27 @@ class EpochContext:
         """The epoch the OLD version reads as of."""
         return self.epoch - 1
 
+    @property
+    def probes(self) -> bool:
+        """Whether operators may probe traces by key in this evaluation (small epochs)."""
+        return self.small and not self.install and self.spark is not None
+
     def define(self, sql: str) -> str:
-        """Name a subquery; returns the name to use in FROM clauses."""
+        """Name a subquery; returns the name to use in FROM clauses. In a small epoch the
+        subquery is read as one partition, so no operator of the statement shuffles."""
+        if self.small and not self.install:
+            sql = f"SELECT /*+ COALESCE(1) */ * FROM ({sql})"
         return self._sql.define(sql)
+
+    def frame(self, relation: str) -> "DataFrame":
+        """A relation of this evaluation as a lazy DataFrame (to apply a task-side function)."""
+        return self.spark.sql(self.statement(f"SELECT * FROM {relation}"))
+
+    def register(self, frame: "DataFrame") -> str:
+        """Name a DataFrame for the SQL of this evaluation (dropped when it ends)."""
+        view = register_view(frame, prefix="ff_q")
+        self.views.append(view)
+        return view
 
     def memo(self, owner: object, what: str, build: Callable[[], str | None]) -> str | None:
         """Build a relation once per evaluation, keyed by operator and purpose."""
@@ -56,9 +83,10 @@ class EpochContext:
     def child(self) -> "EpochContext":
         """A context for one step of an iterative operator: the same epoch, statement and
         memoized relations, whose memo entries it may then replace without affecting this one."""
-        sub = EpochContext(self.epoch, self.install, self.small)
+        sub = EpochContext(self.epoch, self.install, self.small, self.spark)
         sub._memo = dict(self._memo)
         sub._sql = self._sql
+        sub.views = self.views
         return sub
 
     def set(self, owner: object, what: str, relation: str | None) -> None:

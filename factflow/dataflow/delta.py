@@ -38,8 +38,10 @@ from factflow.arrangement.batch import DIFF
 from factflow.arrangement.trace import TraceHandle
 from factflow.dataflow import zset
 from factflow.dataflow.context import EpochContext, Version
+from factflow.dataflow.lookup import TRACE_DIFF, probe
 from factflow.dataflow.nodes import Columns, Node
 from factflow.dataflow.zset import ident
+from factflow.model.types import Kind
 
 __all__ = ["CountIndex", "Extender", "Lookup", "Extend", "Apply", "Exclude", "Pipeline", "DeltaJoin", "Shape"]
 
@@ -72,9 +74,16 @@ class CountIndex:
         if version is Version.OLD and cx.install:
             relation = self.handle.trace.empty()
         else:
-            relation = self.handle.read(cx.old_epoch if version is Version.OLD else cx.epoch)
+            as_of = cx.old_epoch if version is Version.OLD else cx.epoch
+            keys = f"(SELECT {ident(self.column)}, CAST(1 AS BIGINT) AS {ident(DIFF)} FROM {prefix})"
+            probed = probe(cx, self.handle, keys, [(self.column, self.handle.layout.columns[0][1])],
+                           [(self.column, self.source)], [], as_of, how="semi")
+            if probed is not None:
+                return (f"SELECT {ident(self.column)}, SUM({ident(TRACE_DIFF)}) AS {_COUNT} FROM {probed} "
+                        f"GROUP BY {ident(self.column)}")
+            relation = self.handle.read(as_of)
         keyed = f"SELECT {ident(self.source)} AS {ident(self.column)}, {ident(DIFF)} FROM {relation}"
-        touched = zset.semijoin(f"({keyed})", prefix, [self.column], small_keys=cx.small)
+        touched = zset.semijoin(f"({keyed})", prefix, [self.column])
         return f"SELECT {ident(self.column)}, SUM({ident(DIFF)}) AS {_COUNT} FROM ({touched}) GROUP BY {ident(self.column)}"
 
 
@@ -94,7 +103,7 @@ class Extender:
             return self.count_index.counts(cx, version, prefix)
         relation = self.relation.read(cx, version)
         if self.key:
-            relation = f"({zset.semijoin(relation, prefix, self.key, small_keys=cx.small)})"
+            relation = f"({zset.semijoin(relation, prefix, self.key)})"
         keys = ", ".join(ident(k) for k in self.key)
         total = f"SUM({ident(DIFF)}) AS {_COUNT}"
         return f"SELECT {keys}, {total} FROM {relation} GROUP BY {keys}" if keys else f"SELECT {total} FROM {relation}"
@@ -195,28 +204,31 @@ class DeltaJoin(Node):
         return self._run(cx, self.reader, start, lambda position: version)
 
     def _run(self, cx: EpochContext, pipeline: Pipeline, relation: str, version_of) -> str:
-        names = list(pipeline.source.names)
+        columns = list(pipeline.source.columns)
         for stage in pipeline.stages:
             if isinstance(stage, Lookup):
-                relation = stage.relation.join_into(cx, version_of(stage.position), relation, names, stage.on)
-                names += [n for n in stage.relation.names if n not in names]
+                relation = stage.relation.join_into(cx, version_of(stage.position), relation, columns, stage.on)
+                bound = {n for n, _ in columns}
+                columns += [c for c in stage.relation.columns if c[0] not in bound]
             elif isinstance(stage, Extend):
-                relation = self._extend(cx, stage, relation, names, version_of)
-                names.append(stage.column)
+                relation = self._extend(cx, stage, relation, columns, version_of)
+                columns.append((stage.column, self.kind_of(stage.column)))
             elif isinstance(stage, Apply):
                 relation = cx.define(stage.op.apply(relation))
-                names = list(stage.op.names)
+                columns = list(stage.op.columns)
             else:
                 negated = stage.relation.read(cx, version_of(stage.position))
                 relation = cx.define(zset.semijoin(relation, negated, stage.on, anti=True))
         return cx.define(zset.select(relation, self.names))
 
-    def _extend(self, cx: EpochContext, stage: Extend, prefix: str, names: list[str], version_of) -> str:
+    def _extend(self, cx: EpochContext, stage: Extend, prefix: str, columns: list[tuple[str, Kind]],
+                version_of) -> str:
         """One Hector stage: count, nominate the smallest extender, propose, validate."""
         extenders = stage.extenders
         if len(extenders) == 1:
             only = extenders[0]
-            return only.relation.join_into(cx, version_of(only.position), prefix, names, only.key)
+            return only.relation.join_into(cx, version_of(only.position), prefix, columns, only.key)
+        names = [n for n, _ in columns]
         counted = prefix
         for i, e in enumerate(extenders):
             counts = e.counts(cx, version_of(e.position), prefix)
@@ -227,17 +239,17 @@ class DeltaJoin(Node):
         cases = " ".join(f"WHEN {' AND '.join(f'{n[i]} <= {n[j]}' for j in range(i + 1, len(n)))} THEN {i}"
                          for i in range(len(n) - 1))
         nominated = cx.define(f"SELECT *, CASE {cases} ELSE {len(n) - 1} END AS {_WINNER} FROM {counted}")
-        extended = names + [stage.column]
+        extended = columns + [(stage.column, self.kind_of(stage.column))]
         parts = []
         for i, proposer in enumerate(extenders):
             mine = cx.define(zset.select(f"{nominated} WHERE {_WINNER} = {i} AND {n[i]} > 0", names))
-            relation = proposer.relation.join_into(cx, version_of(proposer.position), mine, names, proposer.key)
+            relation = proposer.relation.join_into(cx, version_of(proposer.position), mine, columns, proposer.key)
             for j, validator in enumerate(extenders):
                 if j != i:
                     relation = validator.relation.join_into(cx, version_of(validator.position), relation, extended,
                                                             validator.key + [stage.column])
             parts.append(relation)
-        return cx.define(zset.union(parts, extended))
+        return cx.define(zset.union(parts, [n for n, _ in extended]))
 
     # ------------------------------------------------------------ explain
     def describe(self):

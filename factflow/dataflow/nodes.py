@@ -21,6 +21,7 @@ from factflow.arrangement.batch import DIFF
 from factflow.arrangement.trace import Trace, TraceHandle
 from factflow.dataflow import zset
 from factflow.dataflow.context import EpochContext, Version
+from factflow.dataflow.lookup import TRACE_DIFF, probe
 from factflow.dataflow.zset import ident, literal
 from factflow.model.types import Kind
 
@@ -57,11 +58,11 @@ class Node:
         """The whole collection as of OLD or NEW (a relation name; memoized per evaluation)."""
         return cx.memo(self, f"read-{version.value}", lambda: self._read(cx, version))
 
-    def join_into(self, cx: EpochContext, version: Version, frame: str, frame_names: Sequence[str],
+    def join_into(self, cx: EpochContext, version: Version, frame: str, frame_columns: Columns,
                   on: Sequence[str]) -> str:
-        """Join a (change) relation with this collection as of ``version``."""
-        sql = zset.join(frame, frame_names, self.read(cx, version), self.names, on,
-                        small="left" if cx.small else None)
+        """Join a (change) relation with columns ``frame_columns`` with this collection as
+        of ``version`` on the columns ``on``; output: the frame's columns, then this one's others."""
+        sql = zset.join(frame, [n for n, _ in frame_columns], self.read(cx, version), self.names, on)
         return cx.define(sql)
 
     def _delta(self, cx: EpochContext) -> str | None:
@@ -173,8 +174,29 @@ class Scan(Node):
             return self._shape(cx, self.handle.read(cx.old_epoch))
         return self._shape(cx, self.handle.read(cx.epoch))
 
+    def join_into(self, cx, version, frame, frame_columns, on):
+        """Probe the index by the frame's keys where that applies (see :mod:`.lookup`)."""
+        if self.e_const is None and self.v_const is None and not (self.e_col is not None and self.e_col == self.v_col):
+            source = {self.e_col: "e", self.v_col: "v"}
+            values = [(source[c], c) for c in self.names if c not in on]
+            probed = probe(cx, self.handle, frame, frame_columns, [(c, source[c]) for c in on], values,
+                           _as_of(cx, version))
+            if probed is not None:
+                return cx.define(_times_trace_diff(probed, [n for n, _ in frame_columns] + [c for _, c in values]))
+        return super().join_into(cx, version, frame, frame_columns, on)
+
     def describe(self):
         return f"Scan {self.label} via {self.face} index of {self.attribute_name}"
+
+
+def _as_of(cx: EpochContext, version: Version) -> int:
+    """The epoch a read of ``version`` is as of."""
+    return cx.epoch if version is Version.NEW else cx.old_epoch
+
+
+def _times_trace_diff(probed: str, names: Sequence[str]) -> str:
+    """A probe's output as a Z-set: its columns, the product of prefix and trace diffs."""
+    return zset.select(probed, names, diff=f"{ident(DIFF)} * {ident(TRACE_DIFF)}")
 
 
 class Static(Node):
@@ -229,6 +251,10 @@ class Filter(_Linear):
 
     def apply(self, relation):
         return zset.where(relation, self.condition)
+
+    def join_into(self, cx, version, frame, frame_columns, on):
+        """Join with the unfiltered input, then filter: the condition reads only its columns."""
+        return cx.define(self.apply(self.child.join_into(cx, version, frame, frame_columns, on)))
 
     def describe(self):
         return f"Filter {self.label}"
@@ -301,10 +327,10 @@ class Join(Node):
         parts = []
         dl = self.left.delta(cx)
         if dl is not None:
-            parts.append(self.right.join_into(cx, Version.NEW, dl, self.left.names, self.on))
+            parts.append(self.right.join_into(cx, Version.NEW, dl, self.left.columns, self.on))
         dr = self.right.delta(cx)
         if dr is not None:
-            parts.append(self.left.join_into(cx, Version.OLD, dr, self.right.names, self.on))
+            parts.append(self.left.join_into(cx, Version.OLD, dr, self.right.columns, self.on))
         if not parts:
             return None
         return cx.define(zset.union(parts, self.names))
@@ -345,7 +371,8 @@ class AntiJoin(Node):
         dn = self.negated.delta(cx)
         if dn is not None:
             flipped = cx.define(zset.select(dn, self.on, diff=f"-{ident(DIFF)}"))
-            joined = self.left.join_into(cx, Version.OLD, flipped, self.on, self.on)
+            on_columns = tuple((n, self.left.kind_of(n)) for n in self.on)
+            joined = self.left.join_into(cx, Version.OLD, flipped, on_columns, self.on)
             parts.append(cx.define(zset.select(joined, self.names)))
         if not parts:
             return None
@@ -428,6 +455,15 @@ class Stateful(Node):
         cx.set(self, "state", cx.define(zset.select(relation, self.names)))
         cx.set(self, "pending", relation)
 
+    def probe_old(self, cx: EpochContext, frame: str, frame_columns: Columns, on: Sequence[str],
+                  how: str = "inner", present: bool = False) -> str | None:
+        """``frame`` probed against the trace as of the epoch before (see :mod:`.lookup`)."""
+        if not self.names or cx.install:
+            return None
+        values = [(n, n) for n in self.names if n not in on]
+        return probe(cx, self.handle, frame, frame_columns, [(c, c) for c in on], values, cx.old_epoch,
+                     how=how, present=present)
+
 
 class Arranged(Stateful):
     """An intermediate collection arranged privately (join-at-a-time plans)."""
@@ -438,8 +474,27 @@ class Arranged(Stateful):
     def _read(self, cx, version):
         return self.state(cx, version)
 
+    def join_into(self, cx, version, frame, frame_columns, on):
+        """Probe the old state by the frame's keys (plus, as of NEW, join this epoch's change)."""
+        probed = self.probe_old(cx, frame, frame_columns, on)
+        if probed is None:
+            return super().join_into(cx, version, frame, frame_columns, on)
+        names = [n for n, _ in frame_columns] + [n for n in self.names if n not in on]
+        parts = [cx.define(_times_trace_diff(probed, names))]
+        d = self.state_delta(cx) if version is Version.NEW else None
+        if d is not None:
+            parts.append(cx.define(zset.join(frame, [n for n, _ in frame_columns], d, self.names, on)))
+        return parts[0] if len(parts) == 1 else cx.define(zset.union(parts, names))
+
     def describe(self):
         return f"Arrange privately by {', '.join(self.trace.layout.key) or '(all)'}"
+
+
+def _set_change(old_count: str, diff: str) -> str:
+    """SQL of a set's change for a row whose count goes from ``old_count`` (NULL: 0) by ``diff``."""
+    before = f"coalesce({old_count}, 0)"
+    return (f"CAST(CASE WHEN {before} <= 0 AND {before} + {diff} > 0 THEN 1 "
+            f"WHEN {before} > 0 AND {before} + {diff} <= 0 THEN -1 ELSE 0 END AS BIGINT)")
 
 
 class Distinct(Stateful):
@@ -452,16 +507,20 @@ class Distinct(Stateful):
         d = self.state_delta(cx)
         if d is None:
             return None
-        old = zset.semijoin(self.state(cx, Version.OLD), d, self.names, small_keys=cx.small)
-        on = " AND ".join(f"d.{ident(n)} = o.{ident(n)}" for n in self.names)
         group = ", ".join(ident(n) for n in self.names)
+        probed = self.probe_old(cx, d, self.columns, self.names, how="left")
+        if probed is not None:  # d holds each row once, so its rows group back exactly
+            counts = (f"SELECT {group}, {ident(DIFF)}, SUM({ident(TRACE_DIFF)}) AS `_old` FROM {probed} "
+                      f"GROUP BY {group}, {ident(DIFF)}")
+            return cx.define(f"SELECT {group}, {ident(DIFF)}, {_set_change('`_old`', ident(DIFF))} AS {ident(OUT)} "
+                             f"FROM ({counts})")
+        old = zset.semijoin(self.state(cx, Version.OLD), d, self.names)
+        on = " AND ".join(f"d.{ident(n)} = o.{ident(n)}" for n in self.names)
         counts = f"SELECT {group}, SUM({ident(DIFF)}) AS `_old` FROM ({old}) GROUP BY {group}"
-        before = "coalesce(o.`_old`, 0)"
-        out = (f"CAST(CASE WHEN {before} <= 0 AND {before} + d.{ident(DIFF)} > 0 THEN 1 "
-               f"WHEN {before} > 0 AND {before} + d.{ident(DIFF)} <= 0 THEN -1 ELSE 0 END AS BIGINT)")
         cols = ", ".join(f"d.{ident(n)}" for n in self.names)
         join = f"LEFT JOIN ({counts}) o ON {on}" if self.names else f"CROSS JOIN ({counts}) o"
-        return cx.define(f"SELECT {cols}, d.{ident(DIFF)}, {out} AS {ident(OUT)} FROM {d} d {join}")
+        change = _set_change("o.`_old`", f"d.{ident(DIFF)}")
+        return cx.define(f"SELECT {cols}, d.{ident(DIFF)}, {change} AS {ident(OUT)} FROM {d} d {join}")
 
     def _delta(self, cx):
         p = self.pending(cx)
@@ -476,11 +535,16 @@ class Distinct(Stateful):
     def _read(self, cx, version):
         return self._present(cx, self.state(cx, version))
 
-    def join_into(self, cx, version, frame, frame_names, on):
-        touched = zset.semijoin(self.state(cx, version), frame, on, small_keys=cx.small)
+    def join_into(self, cx, version, frame, frame_columns, on):
+        """Join with the present set; probed by key when it has not changed in this epoch."""
+        unchanged = version is Version.OLD or self.state_delta(cx) is None
+        probed = self.probe_old(cx, frame, frame_columns, on, present=True) if unchanged else None
+        if probed is not None:
+            names = [n for n, _ in frame_columns] + [n for n in self.names if n not in on]
+            return cx.define(_times_trace_diff(probed, names))
+        touched = zset.semijoin(self.state(cx, version), frame, on)
         present = self._present(cx, f"({touched})")
-        return cx.define(zset.join(frame, frame_names, present, self.names, on,
-                                   small="left" if cx.small else None))
+        return cx.define(zset.join(frame, [n for n, _ in frame_columns], present, self.names, on))
 
     def present_as_installed(self, cx: EpochContext) -> None:
         """For an install evaluation that must not recompute this (already maintained)

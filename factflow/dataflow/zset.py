@@ -20,7 +20,7 @@ from factflow.arrangement.batch import DIFF
 from factflow.model.types import INT64_MIN, Kind, sql_type, to_utc_naive
 
 __all__ = ["DIFF", "ident", "literal", "sql_type", "select", "join", "semijoin", "consolidate", "present",
-           "union", "where", "empty", "broadcast_hint"]
+           "union", "where", "empty"]
 
 def ident(name: str) -> str:
     """A quoted SQL identifier."""
@@ -60,33 +60,25 @@ def select(relation: str, names: Sequence[str], diff: str = DIFF) -> str:
     return f"SELECT {', '.join(_cols(names) + [diff_expr])} FROM {relation}"
 
 
-def broadcast_hint(alias: str | None) -> str:
-    """An optimizer hint to broadcast the relation aliased ``alias``."""
-    return f"/*+ BROADCAST({alias}) */ " if alias else ""
-
-
 def join(left: str, left_names: Sequence[str], right: str, right_names: Sequence[str],
-         on: Sequence[str], small: str | None = None) -> str:
+         on: Sequence[str]) -> str:
     """Natural join on ``on`` multiplying diffs; output columns: left's, then right's others.
 
-    ``small`` ('left' or 'right') asks Spark to broadcast that side. With no shared
-    columns the result is the cartesian product.
+    With no shared columns the result is the cartesian product.
     """
-    hint = broadcast_hint({"left": "l", "right": "r"}.get(small or ""))
     outs = _cols(left_names, "l") + _cols([n for n in right_names if n not in on], "r")
     outs.append(f"l.{ident(DIFF)} * r.{ident(DIFF)} AS {ident(DIFF)}")
     condition = " AND ".join(f"l.{ident(c)} = r.{ident(c)}" for c in on)
     kind = f"JOIN {right} r ON {condition}" if on else f"CROSS JOIN {right} r"
-    return f"SELECT {hint}{', '.join(outs)} FROM {left} l {kind}"
+    return f"SELECT {', '.join(outs)} FROM {left} l {kind}"
 
 
-def semijoin(relation: str, keys: str, on: Sequence[str], small_keys: bool = False, anti: bool = False) -> str:
+def semijoin(relation: str, keys: str, on: Sequence[str], anti: bool = False) -> str:
     """Rows of ``relation`` whose ``on`` columns appear (or, with ``anti``, do not) in ``keys``."""
-    hint = broadcast_hint("k" if small_keys else None)
     condition = " AND ".join(f"t.{ident(c)} = k.{ident(c)}" for c in on)
     kind = "LEFT ANTI" if anti else "LEFT SEMI"
     key_cols = ", ".join(_cols(on))
-    return f"SELECT {hint}t.* FROM {relation} t {kind} JOIN (SELECT DISTINCT {key_cols} FROM {keys}) k ON {condition}"
+    return f"SELECT t.* FROM {relation} t {kind} JOIN (SELECT DISTINCT {key_cols} FROM {keys}) k ON {condition}"
 
 
 def consolidate(relation: str, names: Sequence[str]) -> str:

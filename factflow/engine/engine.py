@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import tempfile
 import threading
 import time
@@ -36,6 +37,7 @@ from factflow.arrangement.attribute import AttributeArrangement
 from factflow.arrangement.batch import DIFF, drop_view, register_view
 from factflow.arrangement.trace import MergePolicy, Trace, TraceHandle
 from factflow.dataflow.context import EpochContext
+from factflow.dataflow.lookup import TRACE_DIFF, probe
 from factflow.dataflow.nodes import OUT, Node, Stateful
 from factflow.engine import transaction
 from factflow.engine.evaluation import Evaluation
@@ -45,6 +47,7 @@ from factflow.errors import EngineClosedError, FactflowError, QueryError, Transa
 from factflow.lang.parser import parse_query
 from factflow.lang.rules import RuleStore
 from factflow.model.schema import Attribute, Schema
+from factflow.model.types import Kind
 from factflow.planner.context import PlanContext
 from factflow.planner.shared import SharedRules
 from factflow.planner.synthesis import Dataflow, synthesize
@@ -65,7 +68,9 @@ class EngineConfig:
     checkpointed batches (default: ``spark.sql.shuffle.partitions``). ``small_conf``: SQL
     settings for the statements of small epochs, whose cost is Spark's fixed overhead per
     task and per compiled stage rather than data (one shuffle partition, no whole-stage
-    code generation); they apply only while such a statement is planned.
+    code generation, no broadcast joins: each broadcast is a Spark job of its own, while
+    a statement whose relations are all read as one partition needs no exchange at all);
+    they apply only while such a statement is planned.
     ``recompute_fraction``: a recursive component whose delete-and-rederive overdeletes more
     than this fraction of the tuples it holds is derived again from scratch instead (see
     :meth:`factflow.dataflow.recursion.Fixpoint.run`).
@@ -77,6 +82,7 @@ class EngineConfig:
     small_conf: tuple[tuple[str, str], ...] = (
         ("spark.sql.shuffle.partitions", "1"),
         ("spark.sql.codegen.wholeStage", "false"),
+        ("spark.sql.autoBroadcastJoinThreshold", "-1"),
     )
     recompute_fraction: float = 0.5
 
@@ -165,8 +171,9 @@ class Engine:
             self.spark.conf.set(key, value)
         self.config = config or EngineConfig()
         partitions = self.config.partitions or int(self.spark.conf.get("spark.sql.shuffle.partitions"))
-        self.policy = MergePolicy(self.config.merge_factor, self.config.local_limit, partitions)
         self.state_dir = state_dir or tempfile.mkdtemp(prefix="factflow-")
+        self.policy = MergePolicy(self.config.merge_factor, self.config.local_limit, partitions,
+                                  os.path.join(self.state_dir, "indexes"))
         self.schema = Schema()
         self.rules = RuleStore()
         self._arrangements: dict[int, AttributeArrangement] = {}
@@ -231,7 +238,7 @@ class Engine:
                 mark = time.perf_counter()
                 affected = [q for q in self._queries.values()
                             if any(self.schema.get(a).id in changed for a in q.dataflow.attributes)]
-                outputs = self._evaluate([q.dataflow for q in affected], EpochContext(epoch, small=prepared.small),
+                outputs = self._evaluate([q.dataflow for q in affected], EpochContext(epoch, small=prepared.small, spark=self.spark),
                                          subscribed={q.dataflow.result for q in affected if q.has_subscribers})
                 phases["queries"] = time.perf_counter() - mark
             except BaseException:
@@ -259,17 +266,31 @@ class Engine:
     def _apply_changes(self, prepared: transaction.PreparedTransaction, epoch: int) -> dict[int, int]:
         """Compute and append the effective changes; returns rows changed per attribute id."""
         tx_view = register_view(prepared.frame, prefix="ff_tx")
+        cx = EpochContext(epoch, small=prepared.small, spark=self.spark)
         try:
-            current = {a.id: self._tx_handles[a.id].read(epoch - 1) for a in prepared.attributes}
+            current = {a.id: self._current_state(cx, tx_view, a, epoch - 1) for a in prepared.attributes}
             sql = transaction.effective_changes(tx_view, prepared, current)
             changed = {} if sql is None else (
                 self._apply_small(sql, prepared, epoch) if prepared.small else self._apply_bulk(sql, epoch))
         finally:
-            drop_view(self.spark, tx_view)
+            for view in [tx_view] + cx.views:
+                drop_view(self.spark, view)
         for aid, arrangement in self._arrangements.items():
             if aid not in changed:
                 arrangement.advance_upper(epoch + 1)
         return changed
+
+    def _current_state(self, cx: EpochContext, tx_view: str, attribute: Attribute, as_of: int) -> str:
+        """The forward index of ``attribute`` as of ``as_of``: in a small epoch, only the
+        rows of the entities the transaction touches, probed by key (see
+        :mod:`factflow.dataflow.lookup`); otherwise the whole index."""
+        handle = self._tx_handles[attribute.id]
+        entities = (f"(SELECT DISTINCT `e`, CAST(1 AS BIGINT) AS `{DIFF}` FROM {tx_view} "
+                    f"WHERE `a` = {attribute.id} AND `e` IS NOT NULL)")
+        probed = probe(cx, handle, entities, [("e", Kind.LONG)], [("e", "e")], [("v", "v")], as_of, how="semi")
+        if probed is None:
+            return handle.read(as_of)
+        return f"(SELECT `e`, `v`, `{TRACE_DIFF}` AS `{DIFF}` FROM {probed})"
 
     @contextmanager
     def _small_statements(self):

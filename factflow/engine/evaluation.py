@@ -85,7 +85,8 @@ class Evaluation:
 
     def _split(self, node: Stateful) -> bool:
         cx = self.cx
-        return isinstance(node, Distinct) and (cx.install or not cx.small or _touches_stored_state(node))
+        return isinstance(node, Distinct) and (cx.install or not cx.small
+                                               or (not cx.probes and _touches_stored_state(node)))
 
     def run(self, nodes: list[Node], subscribed: set, description: str) -> dict[Stateful, pd.DataFrame]:
         """Compute, commit and return the pending rows of ``nodes`` (outputs of result operators)."""
@@ -104,7 +105,7 @@ class Evaluation:
                 else:
                     self._store(steps, outputs, subscribed, label)
         finally:
-            for view in self._views:
+            for view in self._views + self.cx.views:
                 drop_view(self.spark, view)
             for stored in self._stored:
                 release_checkpoint(stored)

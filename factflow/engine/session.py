@@ -6,6 +6,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 
 from pyspark.sql import SparkSession
 
@@ -73,6 +74,9 @@ def create_session(master: str | None = None, app_name: str = "factflow",
                    conf: dict[str, str] | None = None, log_level: str = "ERROR") -> SparkSession:
     """A SparkSession with factflow's defaults (``master`` defaults to ``local[*]``)."""
     check_java()
+    # Index probes run Python inside Spark tasks: the workers must use this interpreter
+    # (with pyarrow and numpy), not whatever 'python3' is first on the PATH.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(app_name).master(master or "local[*]")
     for key, value in {**DEFAULT_SPARK_CONF, **(conf or {})}.items():
         builder = builder.config(key, value)

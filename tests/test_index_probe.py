@@ -1,0 +1,121 @@
+"""The task side of index probes (factflow.arrangement.index), without Spark.
+
+Index files are written here the way Spark writes them (rows sorted by a key hash); the
+hash is any 64-bit function of the key, so collisions can be forced on purpose: a probe
+must match rows by their key, the hash only narrows the search.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pyarrow as pa
+import pytest
+
+from factflow.arrangement.index import KEY_HASH, PROBE_HASH, TRACE_DIFF, Probe, arrow_schema
+from factflow.model.types import Kind
+
+TRACE = [("e", Kind.LONG), ("v", Kind.STRING)]
+TRACE_SCHEMA = arrow_schema(TRACE + [("_t", Kind.LONG), ("_diff", Kind.LONG)])
+
+
+def weak_hash(value) -> int:
+    """A deliberately weak hash: every key collides with others of the same remainder."""
+    return hash(value) % 3
+
+
+def write_file(path, rows):
+    """An index file of update rows (e, v, t, diff), sorted by the hash of e."""
+    rows = sorted(rows, key=lambda r: weak_hash(r[0]))
+    table = pa.table({"e": [r[0] for r in rows], "v": [r[1] for r in rows], "_t": [r[2] for r in rows],
+                      "_diff": [r[3] for r in rows], KEY_HASH: [weak_hash(r[0]) for r in rows]},
+                     schema=TRACE_SCHEMA.append(pa.field(KEY_HASH, pa.int64())))
+    with pa.ipc.new_file(str(path), table.schema) as writer:
+        writer.write_table(table)
+    return str(path)
+
+
+def prefix(rows, columns=(("k", Kind.LONG),)):
+    names = [n for n, _ in columns]
+    data = {n: [r[i] for r in rows] for i, n in enumerate(names)}
+    data["_diff"] = [r[-1] for r in rows]
+    data[PROBE_HASH] = [weak_hash(r[0]) for r in rows]
+    schema = arrow_schema(list(columns) + [("_diff", Kind.LONG)]).append(pa.field(PROBE_HASH, pa.int64()))
+    return pa.Table.from_pydict(data, schema=schema)
+
+
+def run(spec: Probe, table: pa.Table) -> list[tuple]:
+    out = pa.Table.from_batches(list(spec(iter(table.to_batches()))), schema=arrow_schema(spec.output))
+    return sorted(tuple(r.values()) for r in out.to_pylist())
+
+
+def probe(paths, local=(), how="inner", present=False, as_of=10, values=(("v", "w"),)):
+    return Probe(paths=list(paths), local=list(local), trace_schema=TRACE_SCHEMA,
+                 prefix_columns=[("k", Kind.LONG), ("_diff", Kind.LONG)], hash_on=[("k", "e")],
+                 join_on=[("k", "e")], values=list(values), as_of=as_of, how=how, present=present)
+
+
+@pytest.fixture
+def files(tmp_path):
+    first = write_file(tmp_path / "a.arrow", [(1, "x", 1, 1), (2, "y", 1, 1), (3, "z", 2, 1), (4, "q", 3, 1)])
+    second = write_file(tmp_path / "b.arrow", [(1, "x", 5, -1), (1, "x2", 5, 1), (7, "s", 6, 1)])
+    return [first, second]
+
+
+def test_inner_probe_matches_keys_not_hashes(files):
+    # 1, 4 and 7 share a weak hash: only key 1's rows may match key 1
+    assert run(probe(files), prefix([(1, 1)])) == [(1, 1, "x", -1), (1, 1, "x", 1), (1, 1, "x2", 1)]
+
+
+def test_absent_keys_and_empty_prefix(files):
+    assert run(probe(files), prefix([(99, 1)])) == []
+    assert run(probe(files), prefix([])) == []
+    assert run(probe([]), prefix([(1, 1)])) == []
+
+
+def test_as_of_excludes_later_updates(files):
+    assert run(probe(files, as_of=4), prefix([(1, 1)])) == [(1, 1, "x", 1)]
+
+
+def test_present_consolidates_to_the_set(files):
+    # (1, x) was added then retracted: only x2 is present
+    assert run(probe(files, present=True), prefix([(1, 2)])) == [(1, 2, "x2", 1)]
+
+
+def test_left_keeps_unmatched_prefix_rows_with_zero(files):
+    assert run(probe(files, how="left", present=True), prefix([(1, 1), (5, -1)])) == [(1, 1, "x2", 1), (5, -1, None, 0)]
+
+
+def test_semi_returns_each_matching_trace_row_once(files):
+    rows = run(probe(files, how="semi", values=()), prefix([(3, 1), (3, 1), (4, 1)]))
+    assert rows == [(3, 1), (4, 1)]
+
+
+def test_local_batches_take_part(files):
+    local = pa.Table.from_pydict({"e": [3, 8], "v": ["z", "n"], "_t": [7, 7], "_diff": [-1, 1]}, schema=TRACE_SCHEMA)
+    assert run(probe(files, local=[local], present=True), prefix([(3, 1), (8, 1)])) == [(8, 1, "n", 1)]
+
+
+def test_many_updates_of_one_key_in_one_file(tmp_path):
+    # a cardinality-one value overwritten many times: only the last one is present
+    rows = [(5, f"v{i}", i, 1) for i in range(200)] + [(5, f"v{i}", i + 1, -1) for i in range(199)]
+    path = write_file(tmp_path / "c.arrow", rows)
+    assert run(probe([path], present=True, as_of=1000), prefix([(5, 1)])) == [(5, 1, "v199", 1)]
+    assert run(probe([path], present=True, as_of=50), prefix([(5, 1)])) == [(5, 1, "v50", 1)]
+
+
+def test_string_and_instant_keys_of_any_content(tmp_path):
+    columns = [("k", Kind.STRING)]
+    schema = arrow_schema([("e", Kind.STRING), ("v", Kind.INSTANT), ("_t", Kind.LONG), ("_diff", Kind.LONG)])
+    keys = ["", "a'b\"c", "x" * 100_000, "new\nline\ttab\\", "\u00e9\u4e2d\U0001F600", "\x00nul"]
+    when = dt.datetime(2020, 1, 2, 3, 4, 5, 678901)
+    table = pa.table({"e": keys, "v": [when] * len(keys), "_t": [1] * len(keys), "_diff": [1] * len(keys),
+                      KEY_HASH: [weak_hash(k) for k in keys]}, schema=schema.append(pa.field(KEY_HASH, pa.int64())))
+    table = table.sort_by(KEY_HASH)
+    path = str(tmp_path / "s.arrow")
+    with pa.ipc.new_file(path, table.schema) as writer:
+        writer.write_table(table)
+    spec = Probe(paths=[path], local=[], trace_schema=schema, prefix_columns=columns + [("_diff", Kind.LONG)],
+                 hash_on=[("k", "e")], join_on=[("k", "e")], values=[("v", "when")], as_of=5)
+    got = run(spec, prefix([(k, 1) for k in keys] + [("absent", 1)], columns))
+    assert got == sorted((k, 1, when, 1) for k in keys)

@@ -142,6 +142,25 @@ def test_spark_dataframes_take_the_small_or_the_bulk_path_by_size(spark):
     assert results[2] == results[20_000] == {(2, 1): 1, (3, 3): 1, (2, 2): 1}
 
 
+def test_a_frame_keeps_its_epoch_while_later_epochs_merge(spark):
+    from factflow import Engine, EngineConfig
+
+    for limit in (20_000, 2):  # results held on the driver, or stored in Spark (freed when merged)
+        db = Engine(spark=spark, config=EngineConfig(local_limit=limit))
+        try:
+            db.create_attribute(":e", type="ref")
+            q = db.query("[:find ?a ?b :where [?a :e ?b]]")
+            db.transact([add(i, ":e", i + 1) for i in range(10)])
+            frame = q.frame()
+            for k in range(4):
+                db.transact([add(100 + 10 * k + i, ":e", 1) for i in range(10)])
+            assert q.dataflow.result.handle.trace.merges > 0
+            q.close()
+            assert {(r.a, r.b): r._diff for r in frame.collect()} == {(i, i + 1): 1 for i in range(10)}
+        finally:
+            db.close()
+
+
 def test_value_types_round_trip(engine):
     engine.create_attribute(":m/when", type="instant")
     engine.create_attribute(":m/ok", type="boolean")

@@ -1,10 +1,15 @@
 """The engine's public facade: facts in, consistent incremental query results out, one epoch at a time.
 
-:class:`Engine` owns the Spark session (or borrows one) and a lock; each public method
-checks the engine is open and delegates: an epoch to :mod:`factflow.engine.epoch` (which
-applies the transaction with :mod:`factflow.engine.apply` and moves the state of
-:mod:`factflow.engine.state`), a query install to :mod:`factflow.engine.install`, figures
-to :mod:`factflow.engine.reports`.
+:class:`Engine` owns the Spark session (or borrows one) and the engine lock; each public
+method checks the engine is open and delegates: an epoch to :mod:`factflow.engine.epoch`
+(which applies the transaction with :mod:`factflow.engine.apply` and moves the state of
+:mod:`factflow.engine.state`), the delivery of its changes to
+:mod:`factflow.engine.delivery`, a query install to :mod:`factflow.engine.install`,
+figures to :mod:`factflow.engine.reports`.
+
+The engine lock (reentrant) is held by every epoch, install, close and read of state
+(``Query.results()`` and its siblings, ``Engine.stats()``), so a reader in any thread sees
+exactly one closed epoch; subscribers are called after it is released.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from pyspark.sql import SparkSession
 from factflow.arrangement.attribute import AttributeArrangement
 from factflow.arrangement.trace import MergePolicy
 from factflow.engine.config import EngineConfig
+from factflow.engine.delivery import Deliveries
 from factflow.engine.epoch import run_epoch
 from factflow.engine.install import install
 from factflow.engine.query import Query
@@ -58,6 +64,7 @@ class Engine:
         self.rules = RuleStore()
         self._state = EngineState(self.spark, self.config, self.policy)
         self._lock = threading.RLock()
+        self._deliveries = Deliveries()
         self._closed = False
         self._id = next(_ENGINE_IDS)
         self.epoch_log: list[EpochReport] = []
@@ -96,12 +103,23 @@ class Engine:
     def transact(self, tx: Any) -> int:
         """Apply one transaction atomically as the next epoch; returns the epoch number.
 
-        Every installed query is up to date when this returns. A rejected transaction
-        changes nothing.
+        Every installed query is up to date when this returns, and every subscriber has been
+        called with the epoch's changes (and with those of every earlier epoch). Called from
+        inside a subscriber, it returns as soon as its epoch is committed: that epoch is
+        delivered by the loop running the callback, after the current epoch has reached
+        every subscriber.
+
+        Raises only when the epoch was not committed: a rejected transaction changes
+        nothing, and a failing subscriber is logged, never raised, so a retry after an
+        error never applies a transaction twice. Threads may call this concurrently: epochs
+        run one at a time, and subscribers receive them in increasing order.
         """
-        with self._lock:
-            self._check_open()
-            return run_epoch(self._state, tx, f"factflow-{self._id}-epoch", self.epoch_log)
+        try:
+            with self._lock:
+                self._check_open()
+                return run_epoch(self._state, tx, f"factflow-{self._id}-epoch", self.epoch_log, self._deliveries)
+        finally:
+            self._deliveries.drain()
 
     # ------------------------------------------------------------ queries
     def query(self, query: str, name: str | None = None, inputs: Sequence[Any] = (), join: str = "auto",
@@ -116,7 +134,7 @@ class Engine:
             self._check_open()
             dataflow = install(self._state, self.rules, f"factflow-{self._id}-install", query, name, inputs, join,
                                semantics)
-            handle = Query(self, dataflow, self._state.epoch)
+            handle = Query(self, dataflow, self._state.epoch, self._lock)
             self._state.queries[handle.name] = handle
             log.info("installed query %s at epoch %d (%s join)", handle.name, self._state.epoch, dataflow.strategy)
             return handle
@@ -144,7 +162,8 @@ class Engine:
         fixpoints); ``result_tuples``: per query, its result trace. ``query_arrangements``:
         per query, every private trace with its role and rows. ``shared_rules``: per rule
         relation shared by queries (see :mod:`factflow.planner.shared`), its rules, the
-        queries reading it, its rows and its traces.
+        queries reading it, its rows and its traces. ``epoch``: the closed epoch all of it is
+        as of (taken under the engine lock: a running epoch is waited for, never counted).
         """
         with self._lock:
             return engine_stats(self._state)

@@ -10,6 +10,10 @@ whatever the number of installed queries:
    one union and fetched in one job (or, for bulk changes, checkpointed in Spark).
 3. *maintenance*: traces merge their batches geometrically (amortized).
 
+Between the second and the third phase the epoch commits: the latest closed epoch moves
+to it and its changes are queued for the subscribers (:mod:`factflow.engine.delivery`),
+who receive them once the engine lock is released.
+
 Every job runs in the job group ``factflow-<engine>-epoch-<n>`` with a description naming
 its phase, so the Spark UI tells which epoch and which query ran what. If anything fails
 before the epoch is committed, the changes already appended are undone: no partial epoch
@@ -22,23 +26,31 @@ import logging
 import time
 from typing import Any
 
+import pandas as pd
+
 from factflow.arrangement.batch import DIFF
 from factflow.dataflow.context import EpochContext
-from factflow.dataflow.nodes import OUT
+from factflow.dataflow.nodes import OUT, Stateful
 from factflow.engine import transaction
 from factflow.engine.apply import apply_changes
+from factflow.engine.delivery import Deliveries, Notice
 from factflow.engine.reports import EpochReport, spark_jobs
+from factflow.engine.query import Query
 from factflow.engine.state import EngineState
-from factflow.errors import FactflowError
 
 __all__ = ["run_epoch"]
 
 log = logging.getLogger("factflow.engine")
 
 
-def run_epoch(state: EngineState, tx: Any, group_prefix: str, epoch_log: list[EpochReport]) -> int:
+def run_epoch(state: EngineState, tx: Any, group_prefix: str, epoch_log: list[EpochReport],
+              deliveries: Deliveries) -> int:
     """Apply ``tx`` as the next epoch of ``state`` (jobs in the group ``<group_prefix>-<epoch>``),
-    append its report to ``epoch_log`` and return the epoch. A rejected transaction changes nothing."""
+    queue its changes on ``deliveries``, append its report to ``epoch_log`` and return the epoch.
+
+    Raises only when the epoch was not committed (a rejected transaction changes nothing);
+    a failure of the maintenance after the commit is logged instead.
+    """
     epoch = state.epoch + 1
     group = f"{group_prefix}-{epoch}"
     spark = state.spark
@@ -56,25 +68,37 @@ def run_epoch(state: EngineState, tx: Any, group_prefix: str, epoch_log: list[Ep
                     if any(state.schema.get(a).id in changed for a in q.dataflow.attributes)]
         outputs = state.evaluate([q.dataflow for q in affected], EpochContext(epoch, small=prepared.small),
                                  subscribed={q.dataflow.result for q in affected if q.has_subscribers})
+        notices = _notices(affected, outputs)
         phases["queries"] = time.perf_counter() - mark
     except BaseException:
         state.rollback(epoch)
         raise
     state.epoch = epoch
     state.advance(epoch)
-    errors = []
-    for q in affected:
-        out = outputs.get(q.dataflow.result)
-        if out is not None and q.has_subscribers:
-            errors += q.deliver(epoch, out, OUT if OUT in out.columns else DIFF)
+    deliveries.put(epoch, notices)
     mark = time.perf_counter()
-    merges = state.maintain(changed, affected)
+    try:
+        merges = state.maintain(changed, affected)
+    except Exception:  # the epoch is committed: failing the call would invite a second, duplicate epoch
+        log.exception("epoch %d is committed, but merging its batches failed (the next epoch merges again)", epoch)
+        merges = 0
     phases["maintenance"] = time.perf_counter() - mark
     report = EpochReport(epoch, prepared.rows, sum(changed.values()), [q.name for q in affected],
                          spark_jobs(spark, group), time.perf_counter() - started, phases, merges)
     epoch_log.append(report)
     if log.isEnabledFor(logging.INFO):
         log.info(report.describe())
-    if errors:
-        raise FactflowError(f"epoch {epoch} was applied, but {len(errors)} subscriber(s) failed: {errors[0]!r}")
     return epoch
+
+
+def _notices(affected: list[Query], outputs: dict[Stateful, pd.DataFrame]) -> list[Notice]:
+    """The consolidated changes of every subscribed query whose result changed."""
+    notices = []
+    for q in affected:
+        out = outputs.get(q.dataflow.result)
+        subscribers = q.subscribers
+        if out is not None and subscribers:
+            changes = q.changes(out, OUT if OUT in out.columns else DIFF)
+            if changes:
+                notices.append(Notice(q, subscribers, changes))
+    return notices

@@ -30,7 +30,7 @@ from factflow.engine.epoch import run_epoch
 from factflow.engine.install import install
 from factflow.engine.query import Query
 from factflow.engine.reports import EpochReport, SparkJob, engine_stats
-from factflow.engine.session import REQUIRED_SQL_CONF, create_session
+from factflow.engine.session import REQUIRED_SQL_CONF, acquire_session, release_session
 from factflow.engine.state import EngineState
 from factflow.errors import EngineClosedError
 from factflow.lang.rules import RuleStore
@@ -45,16 +45,20 @@ _ENGINE_IDS = itertools.count(1)
 class Engine:
     """An embedded factflow engine.
 
-    ``Engine()`` starts Spark in local mode; ``Engine(spark=session)`` reuses a session (setting
-    ``REQUIRED_SQL_CONF`` on it) and
-    ``Engine(master="spark://...")`` connects to a cluster. ``state_dir`` holds Spark
-    checkpoints (a temporary directory by default).
+    ``Engine()`` starts Spark in local mode; ``Engine(master="spark://...")`` connects to a
+    cluster. Both join the session already running in the process if there is one: engines
+    share a session factflow started, which stops when the last of them closes (see
+    :func:`factflow.engine.session.acquire_session`); a session factflow did not start is
+    never stopped.
+    ``Engine(spark=session)`` uses the given session (setting ``REQUIRED_SQL_CONF`` on it)
+    and never stops it. ``state_dir`` holds Spark checkpoints (a temporary directory by
+    default).
     """
 
     def __init__(self, spark: SparkSession | None = None, master: str | None = None,
                  state_dir: str | None = None, config: EngineConfig | None = None):
-        self._owns_session = spark is None
-        self.spark = spark if spark is not None else create_session(master=master)
+        self._holds_session = spark is None
+        self.spark = spark if spark is not None else acquire_session(master=master)
         for key, value in REQUIRED_SQL_CONF.items():
             self.spark.conf.set(key, value)
         self.config = config or EngineConfig()
@@ -174,7 +178,8 @@ class Engine:
             raise EngineClosedError("the engine is closed")
 
     def close(self) -> None:
-        """Close every query, release all state, and stop Spark if the engine started it."""
+        """Close every query, release all state, and give up the engine's hold on its session
+        (stopping it when the engine was the last to hold a session factflow started)."""
         with self._lock:
             if self._closed:
                 return
@@ -182,8 +187,8 @@ class Engine:
                 q.close()
             self._state.close()
             self._closed = True
-            if self._owns_session:
-                self.spark.stop()
+            if self._holds_session:
+                release_session(self.spark)
 
     def __enter__(self) -> "Engine":
         return self

@@ -1,6 +1,7 @@
 """Engine behaviour through the public API: input semantics, errors, queries, subscriptions, stats."""
 
 import datetime as dt
+import os
 
 import pandas as pd
 import pytest
@@ -284,6 +285,22 @@ def test_closed_engine_refuses_work(spark):
     db.close()
     with pytest.raises(EngineClosedError):
         db.transact([add(1, ":x/y", 1)])
+
+
+def test_close_removes_the_state_directory_it_created(spark, tmp_path):
+    from factflow import Engine
+
+    db = Engine(spark=spark)
+    made = db.state_dir
+    assert os.path.isdir(made) and os.path.basename(made).startswith("factflow-")
+    db.close()
+    assert not os.path.exists(made)
+    given = tmp_path / "state"
+    given.mkdir()
+    (given / "kept").write_text("mine")
+    db = Engine(spark=spark, state_dir=str(given))
+    db.close()
+    assert (given / "kept").read_text() == "mine"
 
 
 def _face_state(spark, trace, as_of):

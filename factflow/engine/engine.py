@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import shutil
 import tempfile
 import threading
 from typing import Any, Sequence
@@ -51,8 +52,9 @@ class Engine:
     :func:`factflow.engine.session.acquire_session`); a session factflow did not start is
     never stopped.
     ``Engine(spark=session)`` uses the given session (setting ``REQUIRED_SQL_CONF`` on it)
-    and never stops it. ``state_dir`` holds Spark checkpoints (a temporary directory by
-    default).
+    and never stops it. ``state_dir`` is a directory for the engine's files (by default a
+    temporary one, which ``close()`` removes; a given one is left alone); nothing is
+    written there yet: batches live on the driver or as Spark local checkpoints.
     """
 
     def __init__(self, spark: SparkSession | None = None, master: str | None = None,
@@ -64,6 +66,7 @@ class Engine:
         self.config = config or EngineConfig()
         partitions = self.config.partitions or int(self.spark.conf.get("spark.sql.shuffle.partitions"))
         self.policy = MergePolicy(self.config.merge_factor, self.config.local_limit, partitions)
+        self._owns_state_dir = not state_dir
         self.state_dir = state_dir or tempfile.mkdtemp(prefix="factflow-")
         self.rules = RuleStore()
         self._state = EngineState(self.spark, self.config, self.policy)
@@ -178,8 +181,9 @@ class Engine:
             raise EngineClosedError("the engine is closed")
 
     def close(self) -> None:
-        """Close every query, release all state, and give up the engine's hold on its session
-        (stopping it when the engine was the last to hold a session factflow started)."""
+        """Close every query, release all state, remove the temporary state directory, and give
+        up the engine's hold on its session (stopping it when the engine was the last to hold
+        a session factflow started)."""
         with self._lock:
             if self._closed:
                 return
@@ -187,6 +191,11 @@ class Engine:
                 q.close()
             self._state.close()
             self._closed = True
+            if self._owns_state_dir:
+                try:
+                    shutil.rmtree(self.state_dir)
+                except OSError as exc:  # a directory left behind is worth a warning, not a failed close
+                    log.warning("could not remove the state directory %s: %s", self.state_dir, exc)
             if self._holds_session:
                 release_session(self.spark)
 
@@ -195,3 +204,4 @@ class Engine:
 
     def __exit__(self, *exc) -> None:
         self.close()
+

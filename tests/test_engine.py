@@ -1,6 +1,7 @@
 """Engine behaviour through the public API: input semantics, errors, queries, subscriptions, stats."""
 
 import datetime as dt
+import logging
 import os
 
 import pandas as pd
@@ -97,6 +98,20 @@ def test_rejected_transactions_change_nothing(people):
     assert people.stats()["shared_tuples"] == stats["shared_tuples"]
     assert q.results() == {(1, "Ann"): 1}
     assert people.transact([add(3, ":person/name", "Cid")]) == epoch + 1
+
+
+def test_a_committed_epoch_never_raises(people, monkeypatch, caplog):
+    """Once an epoch commits, transact returns: a caller retrying an error would apply it twice."""
+    q = people.query("[:find ?p ?n :where [?p :person/name ?n]]")
+
+    def failing_maintenance(changed, affected):
+        raise RuntimeError("merge failed")
+
+    monkeypatch.setattr(people._state, "maintain", failing_maintenance)
+    with caplog.at_level(logging.ERROR, logger="factflow.engine"):
+        epoch = people.transact([add(1, ":person/name", "Ann")])
+    assert people.epoch == epoch and q.results() == {(1, "Ann"): 1}
+    assert any("merge failed" in str(r.exc_info[1]) for r in caplog.records if r.exc_info)
 
 
 def test_transactions_in_edn_text(people):

@@ -116,10 +116,11 @@ class Engine:
         delivered by the loop running the callback, after the current epoch has reached
         every subscriber.
 
-        Raises only when the epoch was not committed: a rejected transaction changes
-        nothing, and a failing subscriber is logged, never raised, so a retry after an
-        error never applies a transaction twice. Threads may call this concurrently: epochs
-        run one at a time, and subscribers receive them in increasing order.
+        A rejected transaction raises and changes nothing. Once the epoch is committed,
+        neither a failing subscriber nor a failing maintenance makes this raise (both are
+        logged), so retrying a call that raised does not apply a transaction twice. Threads
+        may call this concurrently: epochs run one at a time, and subscribers receive them
+        in increasing order.
         """
         try:
             with self._lock:

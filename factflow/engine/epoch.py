@@ -48,8 +48,8 @@ def run_epoch(state: EngineState, tx: Any, group_prefix: str, epoch_log: list[Ep
     """Apply ``tx`` as the next epoch of ``state`` (jobs in the group ``<group_prefix>-<epoch>``),
     queue its changes on ``deliveries``, append its report to ``epoch_log`` and return the epoch.
 
-    Raises only when the epoch was not committed (a rejected transaction changes nothing);
-    a failure of the maintenance after the commit is logged instead.
+    A rejected transaction raises and changes nothing; a failure of the maintenance after
+    the commit is logged instead of raised.
     """
     epoch = state.epoch + 1
     group = f"{group_prefix}-{epoch}"

@@ -5,7 +5,7 @@ in with :meth:`Engine.transact`, install Datalog queries with :meth:`Engine.quer
 receive every query's result as consistent changes after each epoch.
 """
 
-from factflow.engine.engine import Engine, EngineConfig, EpochReport
+from factflow.engine.engine import Engine, EngineConfig, EpochReport, SparkJob
 from factflow.engine.query import Query
 from factflow.engine.session import create_session
 from factflow.errors import (
@@ -16,7 +16,7 @@ from factflow.errors import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "Engine", "EngineConfig", "EpochReport", "Query", "create_session",
+    "Engine", "EngineConfig", "EpochReport", "SparkJob", "Query", "create_session",
     "FactflowError", "EdnSyntaxError", "SchemaError", "UnknownAttributeError", "TransactionError",
     "QueryError", "RuleError", "EngineClosedError", "__version__",
 ]

@@ -1,6 +1,8 @@
 """Engine behaviour through the public API: input semantics, errors, queries, subscriptions, stats."""
 
 import datetime as dt
+import logging
+import os
 
 import pandas as pd
 import pytest
@@ -98,6 +100,20 @@ def test_rejected_transactions_change_nothing(people):
     assert people.transact([add(3, ":person/name", "Cid")]) == epoch + 1
 
 
+def test_a_committed_epoch_never_raises(people, monkeypatch, caplog):
+    """Once an epoch commits, transact returns: a caller retrying an error would apply it twice."""
+    q = people.query("[:find ?p ?n :where [?p :person/name ?n]]")
+
+    def failing_maintenance(changed, affected):
+        raise RuntimeError("merge failed")
+
+    monkeypatch.setattr(people._state, "maintain", failing_maintenance)
+    with caplog.at_level(logging.ERROR, logger="factflow.engine"):
+        epoch = people.transact([add(1, ":person/name", "Ann")])
+    assert people.epoch == epoch and q.results() == {(1, "Ann"): 1}
+    assert any("merge failed" in str(r.exc_info[1]) for r in caplog.records if r.exc_info)
+
+
 def test_transactions_in_edn_text(people):
     people.transact('[[:db/add 1 :person/name "Ann"] [:db/add 1 :person/age 30]]')
     q = people.query("[:find ?n ?a :where [?p :person/name ?n] [?p :person/age ?a]]")
@@ -140,6 +156,25 @@ def test_spark_dataframes_take_the_small_or_the_bulk_path_by_size(spark):
         finally:
             db.close()
     assert results[2] == results[20_000] == {(2, 1): 1, (3, 3): 1, (2, 2): 1}
+
+
+def test_a_frame_keeps_its_epoch_while_later_epochs_merge(spark):
+    from factflow import Engine, EngineConfig
+
+    for limit in (20_000, 2):  # results held on the driver, or stored in Spark (freed when merged)
+        db = Engine(spark=spark, config=EngineConfig(local_limit=limit))
+        try:
+            db.create_attribute(":e", type="ref")
+            q = db.query("[:find ?a ?b :where [?a :e ?b]]")
+            db.transact([add(i, ":e", i + 1) for i in range(10)])
+            frame = q.frame()
+            for k in range(4):
+                db.transact([add(100 + 10 * k + i, ":e", 1) for i in range(10)])
+            assert q.dataflow.result.handle.trace.merges > 0
+            q.close()
+            assert {(r.a, r.b): r._diff for r in frame.collect()} == {(i, i + 1): 1 for i in range(10)}
+        finally:
+            db.close()
 
 
 def test_value_types_round_trip(engine):
@@ -265,6 +300,22 @@ def test_closed_engine_refuses_work(spark):
     db.close()
     with pytest.raises(EngineClosedError):
         db.transact([add(1, ":x/y", 1)])
+
+
+def test_close_removes_the_state_directory_it_created(spark, tmp_path):
+    from factflow import Engine
+
+    db = Engine(spark=spark)
+    made = db.state_dir
+    assert os.path.isdir(made) and os.path.basename(made).startswith("factflow-")
+    db.close()
+    assert not os.path.exists(made)
+    given = tmp_path / "state"
+    given.mkdir()
+    (given / "kept").write_text("mine")
+    db = Engine(spark=spark, state_dir=str(given))
+    db.close()
+    assert (given / "kept").read_text() == "mine"
 
 
 def _face_state(spark, trace, as_of):

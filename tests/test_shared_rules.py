@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from factflow.engine.engine import _spark_jobs
+from factflow.engine.reports import spark_jobs
 from factflow.errors import QueryError
 
 RULES = """[[(tc ?a ?b) [?a :edge ?b]] [(tc ?a ?b) (tc ?a ?c) [?c :edge ?b]]
@@ -25,7 +25,7 @@ def tc_pairs(n: int) -> int:
 
 
 def install_jobs(db, name: str) -> list[str]:
-    return [j.description or "" for j in _spark_jobs(db.spark, f"factflow-{db._id}-install-{name}")]
+    return [j.description or "" for j in spark_jobs(db.spark, f"factflow-{db._id}-install-{name}")]
 
 
 def test_queries_calling_a_rule_share_its_state(chain):

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import logging
 import re
+import threading
 from typing import TYPE_CHECKING, Any, Callable
 
 import pandas as pd
+from pyspark.sql import DataFrame
 
 from factflow.arrangement.batch import DIFF
 from factflow.dataflow import zset
@@ -20,8 +21,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from factflow.engine.engine import Engine
 
 __all__ = ["Query", "Subscriber"]
-
-log = logging.getLogger(__name__)
 
 Subscriber = Callable[[int, list], None]
 
@@ -42,10 +41,19 @@ class Query:
     returns an arbitrary one; factflow keeps it deterministic).
     ``subscribe(fn)`` calls ``fn(epoch, [(row, diff), ...])`` after every epoch in which
     the result changed; summing the diffs from the install epoch on gives ``results()``.
+
+    Threads: ``results()``, ``rows()``, ``frame()`` and ``explain()`` may be called from
+    any thread, also while another one runs an epoch. Each reads under the engine lock, so
+    it sees exactly the latest closed epoch (never part of a running one): it waits for a
+    running epoch to close, and the next epoch waits for its Spark job. (Reading outside
+    the lock is not safe: an epoch's maintenance merges batches and frees the stored ones.)
+    Subscribers are called outside the lock, on the thread that ran the epoch (see
+    :mod:`factflow.engine.delivery`).
     """
 
-    def __init__(self, engine: "Engine", dataflow: Dataflow, installed_at: int):
+    def __init__(self, engine: "Engine", dataflow: Dataflow, installed_at: int, lock: threading.RLock):
         self._engine = engine
+        self._lock = lock
         self.dataflow = dataflow
         self.name = dataflow.name
         self.installed_at = installed_at
@@ -68,15 +76,17 @@ class Query:
         return [tuple(d(x) if d else x for d, x in zip(decoders, row)) for row in rows]
 
     def rows(self) -> dict[tuple, int]:
-        """The result as of the latest epoch as ``{row_tuple: multiplicity}``, whatever the find spec."""
-        frame = self._current()
-        self._engine.spark.sparkContext.setJobDescription(f"results of {self.name}")
-        data = frame.toArrow().to_pandas()
+        """The result as of the latest closed epoch as ``{row_tuple: multiplicity}``, whatever
+        the find spec (read under the engine lock, see the class docs)."""
+        with self._lock:
+            frame = self._engine.spark.sql(self._current_sql())
+            self._engine.spark.sparkContext.setJobDescription(f"results of {self.name}")
+            data = frame.toArrow().to_pandas()
         rows = self._decode(python_rows(data, self._report()))
         return dict(zip(rows, data[DIFF].astype("int64").tolist()))
 
     def results(self) -> Any:
-        """The result as of the latest epoch, shaped by the find spec (see the class docs)."""
+        """The result as of the latest closed epoch, shaped by the find spec (see the class docs)."""
         rows = self.rows()
         kind = self.dataflow.find_kind
         if kind == "rel":
@@ -88,16 +98,28 @@ class Query:
             return None
         return ordered[0][0] if kind == "scalar" else ordered[0]
 
-    def frame(self):
-        """The result as of the latest epoch as a Spark DataFrame: one column per :find
-        variable (named without the '?') and ``_diff``, the multiplicity."""
-        renamed = [f"{ident(col)} AS {ident(_frame_column(v))}" for v, col in self.dataflow.find]
-        return self._engine.spark.sql(f"SELECT {', '.join(renamed + [ident(DIFF)])} FROM ({self._current_sql()})")
+    def frame(self) -> DataFrame:
+        """The result as a Spark DataFrame: one column per :find variable (named without the
+        '?') and ``_diff``, the multiplicity.
 
-    def _current(self):
-        return self._engine.spark.sql(self._current_sql())
+        It is the result as of the latest epoch closed when ``frame()`` is called, and stays
+        exactly that, and valid, however many epochs follow (also after the query or the
+        engine closes, while the Spark session lives). While the result is held on the
+        driver (at most ``EngineConfig.local_limit`` rows per batch) the frame is lazy, its
+        rows embedded in its plan; once the result has batches stored in Spark, which later
+        epochs merge and free, the frame is materialized first with a local checkpoint (one
+        Spark job), whose blocks Spark frees when the DataFrame is garbage collected.
+        """
+        renamed = [f"{ident(col)} AS {ident(_frame_column(v))}" for v, col in self.dataflow.find]
+        with self._lock:
+            frame = self._engine.spark.sql(f"SELECT {', '.join(renamed + [ident(DIFF)])} FROM ({self._current_sql()})")
+            if any(not batch.is_local for batch in self.dataflow.result.handle.trace.batches):
+                self._engine.spark.sparkContext.setJobDescription(f"frame of {self.name}")
+                frame = frame.localCheckpoint(eager=True)
+        return frame
 
     def _current_sql(self) -> str:
+        """SQL of the consolidated result as of the latest closed epoch (call under the engine lock)."""
         self._check()
         result = self.dataflow.result
         updates = result.handle.read(self._engine.epoch)
@@ -111,40 +133,45 @@ class Query:
         return counts
 
     def subscribe(self, fn: Subscriber) -> Callable[[], None]:
-        """Call ``fn(epoch, changes)`` after each epoch that changes the result; returns an unsubscribe function."""
-        self._check()
-        self._subscribers.append(fn)
+        """Call ``fn(epoch, changes)`` after each epoch that changes the result; returns an unsubscribe function.
+
+        ``fn`` receives every epoch that closes after ``subscribe`` returns (subscribing
+        waits for a running epoch), in increasing order, and none after ``unsubscribe()``
+        returns, unless its call is already under way. It is called outside the engine lock;
+        if it raises, the error is logged and the epoch stays committed.
+        """
+        with self._lock:
+            self._check()
+            self._subscribers.append(fn)
 
         def unsubscribe() -> None:
-            if fn in self._subscribers:
-                self._subscribers.remove(fn)
+            with self._lock:
+                if fn in self._subscribers:
+                    self._subscribers.remove(fn)
 
         return unsubscribe
+
+    @property
+    def subscribers(self) -> tuple[Subscriber, ...]:
+        """The functions subscribed now."""
+        return tuple(self._subscribers)
 
     @property
     def has_subscribers(self) -> bool:
         """Whether anyone listens to this query's changes."""
         return bool(self._subscribers)
 
-    def deliver(self, epoch: int, frame: pd.DataFrame, diff: str) -> list[Exception]:
-        """Hand one epoch's output rows to every subscriber; returns the errors they raised."""
+    def changes(self, frame: pd.DataFrame, diff: str) -> list[tuple[tuple, int]]:
+        """One epoch's output rows of the result operator as consolidated ``(row, diff)`` pairs, as subscribers get them."""
         changes = changes_from_frame(frame, self._report(), diff)
-        if not changes:
-            return []
-        if self.dataflow.decoders:
+        if changes and self.dataflow.decoders:
             changes = list(zip(self._decode([row for row, _ in changes]), [d for _, d in changes]))
-        errors = []
-        for fn in list(self._subscribers):
-            try:
-                fn(epoch, changes)
-            except Exception as exc:  # a subscriber's failure must not break the engine
-                log.exception("subscriber of query %s failed at epoch %d", self.name, epoch)
-                errors.append(exc)
-        return errors
+        return changes
 
     def explain(self) -> str:
-        """A readable description of the plan: strategy, operators, the state they hold."""
-        return self.dataflow.explain()
+        """A readable description of the plan: strategy, operators, the state they hold (read under the engine lock)."""
+        with self._lock:
+            return self.dataflow.explain()
 
     def close(self) -> None:
         """Uninterest: tear the dataflow down and release its trace handles."""

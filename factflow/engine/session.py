@@ -1,4 +1,10 @@
-"""Creating the SparkSession an embedded engine runs on, after checking for Java 17+."""
+"""Creating the SparkSession an embedded engine runs on, after checking for Java 17+.
+
+Engines created without a session share one (``getOrCreate``): :func:`acquire_session`
+counts the engines on a session factflow started, and :func:`release_session` stops it
+with the last of them. A session factflow did not start (the caller's, or one made with
+:func:`create_session` directly) is used as it is and never stopped by factflow.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +13,15 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 
+from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
 from factflow.errors import FactflowError
 
-__all__ = ["DEFAULT_SPARK_CONF", "REQUIRED_SQL_CONF", "check_java", "create_session"]
+__all__ = ["DEFAULT_SPARK_CONF", "REQUIRED_SQL_CONF", "acquire_session", "check_java", "create_session",
+           "release_session"]
 
 #: SQL settings every engine applies to its session, given or created. Constraint
 #: propagation is off because Spark 4.1 fails on it ("key not found" while rewriting a
@@ -92,3 +101,40 @@ def _quiet_query_context_loggers(session: SparkSession) -> None:
     level = jvm.org.apache.logging.log4j.Level.OFF
     for name in ("SQLQueryContextLogger", "DataFrameQueryContextLogger"):
         jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(name, level)
+
+
+#: Sessions factflow started for engines, by id: the session (kept, so the id stays its
+#: own) and how many engines hold it.
+_OWNED: dict[int, tuple[SparkSession, int]] = {}
+_OWNED_LOCK = threading.Lock()
+
+
+def acquire_session(master: str | None = None) -> SparkSession:
+    """The session for an engine created without one (see :func:`create_session`); pair with :func:`release_session`.
+
+    It is the running session if there is one, else a new one. Holds are counted only on
+    sessions factflow started itself.
+    """
+    with _OWNED_LOCK:
+        running = SparkContext._active_spark_context is not None
+        session = create_session(master=master)
+        held = _OWNED.get(id(session))
+        if held is not None:
+            _OWNED[id(session)] = (session, held[1] + 1)
+        elif not running:
+            _OWNED[id(session)] = (session, 1)
+        return session
+
+
+def release_session(session: SparkSession) -> None:
+    """Give up an engine's hold on ``session``; the last hold on a session factflow started stops it."""
+    with _OWNED_LOCK:
+        held = _OWNED.get(id(session))
+        if held is None:
+            return
+        if held[1] > 1:
+            _OWNED[id(session)] = (session, held[1] - 1)
+            return
+        del _OWNED[id(session)]
+        if SparkContext._active_spark_context is session.sparkContext:  # not stopped by someone else meanwhile
+            session.stop()

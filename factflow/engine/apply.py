@@ -1,0 +1,149 @@
+"""Applying a transaction: its effective changes, computed and appended to the shared arrangements.
+
+One statement (:func:`factflow.engine.transaction.effective_changes`, which documents the
+semantics) validates the transaction and computes every attribute's effective changes
+against the state as of the closed epoch. Rows that fail validation carry an error
+message instead, and any error rejects the transaction as a whole, naming the offending
+items.
+
+In a small transaction the current state of the touched entities is probed by key from
+attributes whose index holds stored batches, so the statement's work does not grow with
+the attribute. A small transaction is fetched to the driver with one job and appended as local batches;
+a bulk one stays in Spark: one job validates it, and each changed attribute's changes are
+arranged from Spark (stored there unless they turn out small).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Iterator
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from factflow.arrangement.batch import DIFF, drop_view, register_view
+from factflow.arrangement.trace import TraceHandle
+from factflow.dataflow.context import EpochContext
+from factflow.dataflow.lookup import TRACE_DIFF, probe
+from factflow.engine import transaction
+from factflow.errors import TransactionError
+from factflow.model.schema import Attribute, Schema
+from factflow.model.types import Kind
+
+if TYPE_CHECKING:  # pragma: no cover
+    from factflow.engine.state import EngineState
+
+__all__ = ["apply_changes", "small_statements"]
+
+
+def apply_changes(state: "EngineState", prepared: transaction.PreparedTransaction, epoch: int) -> dict[int, int]:
+    """Compute and append the effective changes of ``epoch``; returns rows changed per attribute id."""
+    spark = state.spark
+    tx_view = register_view(prepared.frame, prefix="ff_tx")
+    cx = EpochContext(epoch, small=prepared.small, spark=spark)
+    try:
+        current = {a.id: _current_state(cx, state.tx_handles[a.id], tx_view, a, epoch - 1)
+                   for a in prepared.attributes}
+        sql = transaction.effective_changes(tx_view, prepared, current)
+        changed = {} if sql is None else (
+            _apply_small(state, sql, prepared, epoch) if prepared.small else _apply_bulk(state, sql, epoch))
+    finally:
+        for view in [tx_view] + cx.views:
+            drop_view(spark, view)
+    for aid, arrangement in state.arrangements.items():
+        if aid not in changed:
+            arrangement.advance_upper(epoch + 1)
+    return changed
+
+
+def _current_state(cx: EpochContext, handle: TraceHandle, tx_view: str, attribute: Attribute, as_of: int) -> str:
+    """The forward index of ``attribute`` as of ``as_of``: in a small epoch, only the rows
+    of the entities the transaction touches, probed by key (see
+    :mod:`factflow.dataflow.lookup`); otherwise the whole index."""
+    entities = (f"(SELECT DISTINCT `e`, CAST(1 AS BIGINT) AS `{DIFF}` FROM {tx_view} "
+                f"WHERE `a` = {attribute.id} AND `e` IS NOT NULL)")
+    probed = probe(cx, handle, entities, [("e", Kind.LONG)], [("e", "e")], [("v", "v")], as_of, how="semi")
+    if probed is None:
+        return handle.read(as_of)
+    return f"(SELECT `e`, `v`, `{TRACE_DIFF}` AS `{DIFF}` FROM {probed})"
+
+
+@contextmanager
+def small_statements(spark: SparkSession, settings: tuple[tuple[str, str], ...]) -> Iterator[None]:
+    """Plan the statements inside with the SQL ``settings`` (``EngineConfig.small_conf``), restored afterwards."""
+    conf = spark.conf
+    saved = [(key, conf.get(key, None)) for key, _ in settings]
+    for key, value in settings:
+        conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key, value in saved:
+            if value is None:
+                conf.unset(key)
+            else:
+                conf.set(key, value)
+
+
+def _apply_small(state: "EngineState", sql: str, prepared: transaction.PreparedTransaction,
+                 epoch: int) -> dict[int, int]:
+    spark = state.spark
+    spark.sparkContext.setJobDescription(f"epoch {epoch}: effective changes")
+    with small_statements(spark, state.config.small_conf):
+        table = spark.sql(sql).toArrow()
+    _raise_errors(state.schema, table.filter(pc.is_valid(table.column(transaction.ERR))))
+    rows = table.filter(pc.is_null(table.column(transaction.ERR)))
+    changed: dict[int, int] = {}
+    for attribute in prepared.attributes:
+        part = rows.filter(pc.equal(rows.column("a"), pa.scalar(attribute.id, pa.int32())))
+        if part.num_rows == 0:
+            continue
+        slot = transaction.SLOT[attribute.kind]
+        frame = part.select(["e", slot, DIFF]).rename_columns(["e", "v", DIFF]).to_pandas()
+        state.arrangements[attribute.id].apply_pandas(frame, epoch)
+        changed[attribute.id] = len(frame)
+    return changed
+
+
+def _apply_bulk(state: "EngineState", sql: str, epoch: int) -> dict[int, int]:
+    spark = state.spark
+    wide = spark.sql(sql).persist()
+    changed: dict[int, int] = {}
+    try:
+        spark.sparkContext.setJobDescription(f"epoch {epoch}: validate bulk transaction")
+        summary = (wide.groupBy("a").agg(
+            F.sum(F.col(transaction.ERR).isNull().cast("long")).alias("rows"),
+            F.count(transaction.ERR).alias("errors"),
+            F.slice(F.collect_list(transaction.ERR), 1, 5).alias("examples"),
+        ).collect())
+        if any(r["errors"] for r in summary):
+            _raise_errors(state.schema, pa.table({
+                "a": [r["a"] for r in summary for _ in r["examples"]],
+                transaction.ERR: [m for r in summary for m in r["examples"]],
+            }), total=sum(r["errors"] for r in summary))
+        for r in summary:
+            if not r["rows"]:
+                continue
+            attribute = state.schema.by_id(r["a"])
+            slot = transaction.SLOT[attribute.kind]
+            delta = wide.where((F.col("a") == attribute.id) & F.col(transaction.ERR).isNull()) \
+                .select("e", F.col(slot).alias("v"), DIFF)
+            spark.sparkContext.setJobDescription(f"epoch {epoch}: arrange {attribute.name}")
+            changed[attribute.id] = state.arrangements[attribute.id].apply_frame(delta, epoch)
+    finally:
+        wide.unpersist()
+    return changed
+
+
+def _raise_errors(schema: Schema, table: pa.Table, total: int | None = None) -> None:
+    """Reject the transaction with the distinct messages of ``table`` (columns ``a`` and the error)."""
+    if table.num_rows == 0:
+        return
+    messages: list[str] = []
+    for a, msg in zip(table.column("a").to_pylist(), table.column(transaction.ERR).to_pylist()):
+        prefix = f"{schema.by_id(a).name}: " if a is not None and a >= 0 and not msg.startswith(":") else ""
+        if prefix + msg not in messages:
+            messages.append(prefix + msg)
+    raise TransactionError(transaction.format_errors(messages, total or len(messages)))

@@ -1,0 +1,89 @@
+"""Delivering each epoch's changes to subscribers: in epoch order, outside the engine lock.
+
+An epoch commits under the engine lock and queues its changes, with the subscribers each
+query had at that moment (:meth:`Deliveries.put`). Once the lock is released, the thread
+that ran the epoch drains the queue (:meth:`Deliveries.drain`) under a separate delivery
+lock, so that
+
+* every subscriber receives epochs in increasing order, however many threads transact:
+  epochs are queued in commit order and only one thread delivers at a time;
+* a slow subscriber holds up other deliveries, never the engine: epochs still run and
+  readers still read while it works;
+* a subscriber that raises is logged (logger ``factflow.engine``, with the traceback) and
+  the others still receive the epoch: the epoch stays committed;
+* a subscriber may transact itself: on the delivering thread ``drain`` returns at once,
+  and the loop already running there delivers the new epoch after the current one.
+
+The delivery lock is only ever taken without the engine lock held, and a subscriber
+takes the engine lock only inside it, so the two locks cannot deadlock. A subscriber must
+not wait for another thread's ``transact``, though: that call returns only once its epoch
+is delivered, which waits for the subscriber.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pragma: no cover
+    from factflow.engine.query import Query, Subscriber
+
+__all__ = ["Deliveries", "Notice"]
+
+log = logging.getLogger("factflow.engine")
+
+
+@dataclass(frozen=True)
+class Notice:
+    """One query's changes in one epoch, for the subscribers it had when the epoch committed."""
+
+    query: "Query"
+    subscribers: tuple["Subscriber", ...]
+    changes: list[tuple[tuple, int]]
+
+
+class Deliveries:
+    """The queue of committed epochs whose changes are still to be delivered."""
+
+    def __init__(self) -> None:
+        self._queue: deque[tuple[int, list[Notice]]] = deque()
+        self._lock = threading.Lock()
+        self._delivering = threading.local()
+
+    def put(self, epoch: int, notices: list[Notice]) -> None:
+        """Queue a committed epoch's notices (called under the engine lock, in epoch order)."""
+        if notices:
+            self._queue.append((epoch, notices))
+
+    def drain(self) -> None:
+        """Deliver every queued epoch, in order; returns at once on a thread already delivering.
+
+        Must not be called with the engine lock held.
+        """
+        if getattr(self._delivering, "active", False):
+            return
+        with self._lock:
+            self._delivering.active = True
+            try:
+                while self._queue:
+                    epoch, notices = self._queue.popleft()
+                    for notice in notices:
+                        _notify(epoch, notice)
+            finally:
+                self._delivering.active = False
+
+
+def _notify(epoch: int, notice: Notice) -> None:
+    """Call the notice's subscribers that are still subscribed; a failure is logged, not raised."""
+    query = notice.query
+    for fn in notice.subscribers:
+        if fn not in query.subscribers:  # unsubscribed since the epoch committed
+            continue
+        try:
+            fn(epoch, notice.changes)
+        except Exception:
+            log.exception("subscriber %r of query %s failed at epoch %d (the epoch stays committed)",
+                          fn, query.name, epoch)

@@ -1,0 +1,104 @@
+"""Running one epoch: a transaction in, every installed query brought up to date.
+
+An epoch (one ``transact``) runs in three phases, each a small, fixed number of Spark jobs
+whatever the number of installed queries:
+
+1. *changes*: one job validates the transaction and computes every attribute's effective
+   changes against the shared arrangements; the changes are appended to them
+   (:mod:`factflow.engine.apply`).
+2. *queries*: the pending state changes and outputs of every affected query are built as
+   one union and fetched in one job (or, for bulk changes, checkpointed in Spark).
+3. *maintenance*: traces merge their batches geometrically (amortized).
+
+Between the second and the third phase the epoch commits: the latest closed epoch moves
+to it and its changes are queued for the subscribers (:mod:`factflow.engine.delivery`),
+who receive them once the engine lock is released.
+
+Every job runs in the job group ``factflow-<engine>-epoch-<n>`` with a description naming
+its phase, so the Spark UI tells which epoch and which query ran what. If anything fails
+before the epoch is committed, the changes already appended are undone: no partial epoch
+is ever visible.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import pandas as pd
+
+from factflow.arrangement.batch import DIFF
+from factflow.dataflow.context import EpochContext
+from factflow.dataflow.nodes import OUT, Stateful
+from factflow.engine import transaction
+from factflow.engine.apply import apply_changes
+from factflow.engine.delivery import Deliveries, Notice
+from factflow.engine.reports import EpochReport, spark_jobs
+from factflow.engine.query import Query
+from factflow.engine.state import EngineState
+
+__all__ = ["run_epoch"]
+
+log = logging.getLogger("factflow.engine")
+
+
+def run_epoch(state: EngineState, tx: Any, group_prefix: str, epoch_log: list[EpochReport],
+              deliveries: Deliveries) -> int:
+    """Apply ``tx`` as the next epoch of ``state`` (jobs in the group ``<group_prefix>-<epoch>``),
+    queue its changes on ``deliveries``, append its report to ``epoch_log`` and return the epoch.
+
+    A rejected transaction raises and changes nothing; a failure of the maintenance after
+    the commit is logged instead of raised.
+    """
+    epoch = state.epoch + 1
+    group = f"{group_prefix}-{epoch}"
+    spark = state.spark
+    sc = spark.sparkContext
+    sc.setJobGroup(group, f"factflow epoch {epoch}", interruptOnCancel=False)
+    started = time.perf_counter()
+    phases: dict[str, float] = {}
+    try:
+        sc.setJobDescription(f"epoch {epoch}: transaction")
+        prepared = transaction.prepare(tx, state.schema, spark, state.config.local_limit)
+        changed = apply_changes(state, prepared, epoch)
+        phases["changes"] = time.perf_counter() - started
+        mark = time.perf_counter()
+        affected = [q for q in state.queries.values()
+                    if any(state.schema.get(a).id in changed for a in q.dataflow.attributes)]
+        outputs = state.evaluate([q.dataflow for q in affected], EpochContext(epoch, small=prepared.small, spark=state.spark),
+                                 subscribed={q.dataflow.result for q in affected if q.has_subscribers})
+        notices = _notices(affected, outputs)
+        phases["queries"] = time.perf_counter() - mark
+    except BaseException:
+        state.rollback(epoch)
+        raise
+    state.epoch = epoch
+    state.advance(epoch)
+    deliveries.put(epoch, notices)
+    mark = time.perf_counter()
+    try:
+        merges = state.maintain(changed, affected)
+    except Exception:  # the epoch is committed: failing the call would invite a second, duplicate epoch
+        log.exception("epoch %d is committed, but merging its batches failed (the next epoch merges again)", epoch)
+        merges = 0
+    phases["maintenance"] = time.perf_counter() - mark
+    report = EpochReport(epoch, prepared.rows, sum(changed.values()), [q.name for q in affected],
+                         spark_jobs(spark, group), time.perf_counter() - started, phases, merges)
+    epoch_log.append(report)
+    if log.isEnabledFor(logging.INFO):
+        log.info(report.describe())
+    return epoch
+
+
+def _notices(affected: list[Query], outputs: dict[Stateful, pd.DataFrame]) -> list[Notice]:
+    """The consolidated changes of every subscribed query whose result changed."""
+    notices = []
+    for q in affected:
+        out = outputs.get(q.dataflow.result)
+        subscribers = q.subscribers
+        if out is not None and subscribers:
+            changes = q.changes(out, OUT if OUT in out.columns else DIFF)
+            if changes:
+                notices.append(Notice(q, subscribers, changes))
+    return notices

@@ -1,0 +1,106 @@
+"""What the engine did and what it holds: epoch reports with their Spark jobs, and ``Engine.stats()``.
+
+Every job of an epoch runs in the epoch's Spark job group (see :mod:`factflow.engine.epoch`);
+:func:`spark_jobs` reads that group back from Spark's status store, so a report names each
+job with its description (phase and query), tasks, duration and the rows it read and shuffled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql import SparkSession
+
+if TYPE_CHECKING:  # pragma: no cover
+    from factflow.engine.state import EngineState
+
+__all__ = ["EpochReport", "SparkJob", "engine_stats", "spark_jobs"]
+
+
+@dataclass
+class SparkJob:
+    """One Spark job an epoch ran: its id, description (phase and query), duration, and the
+    rows its stages read from stored batches (``rows_read``) and from shuffles."""
+
+    id: int
+    description: str | None
+    tasks: int
+    seconds: float | None
+    rows_read: int = 0
+    rows_shuffled: int = 0
+
+
+@dataclass
+class EpochReport:
+    """What one epoch did: sizes, the Spark jobs it ran, and where the time went."""
+
+    epoch: int
+    operations: int | None
+    changes: int
+    queries: list[str]
+    jobs: list[SparkJob]
+    seconds: float
+    phases: dict[str, float] = field(default_factory=dict)
+    merges: int = 0
+
+    def describe(self) -> str:
+        """Multi-line text: the epoch's figures and one line per Spark job."""
+        lines = [f"epoch {self.epoch}: {self.operations} operations -> {self.changes} changes, "
+                 f"{len(self.queries)} queries updated, {len(self.jobs)} Spark jobs, {self.seconds:.3f}s "
+                 + " ".join(f"{k}={v:.3f}s" for k, v in self.phases.items())]
+        for job in self.jobs:
+            took = f"{job.seconds:.3f}s" if job.seconds is not None else "?"
+            lines.append(f"  job {job.id} ({job.tasks} tasks, {took}, read {job.rows_read} rows, "
+                         f"shuffled {job.rows_shuffled}): {job.description}")
+        return "\n".join(lines)
+
+
+def spark_jobs(spark: SparkSession, group: str) -> list[SparkJob]:
+    """The jobs Spark ran in a job group, from its status store."""
+    sc = spark.sparkContext
+    ids = sorted(sc.statusTracker().getJobIdsForGroup(group))
+    store = sc._jsc.sc().statusStore()
+    jobs = []
+    for job_id in ids:
+        try:
+            data = store.job(job_id)
+        except Exception:  # evicted from the store (spark.ui.retainedJobs)
+            jobs.append(SparkJob(job_id, None, 0, None))
+            continue
+        description = data.description().get() if data.description().isDefined() else None
+        seconds = None
+        if data.completionTime().isDefined() and data.submissionTime().isDefined():
+            seconds = (data.completionTime().get().getTime() - data.submissionTime().get().getTime()) / 1000.0
+        read = shuffled = 0
+        stages = data.stageIds().iterator()
+        while stages.hasNext():
+            try:
+                stage = store.lastStageAttempt(stages.next())
+            except Exception:  # a skipped stage has no attempt
+                continue
+            read += stage.inputRecords()
+            shuffled += stage.shuffleReadRecords()
+        jobs.append(SparkJob(job_id, description, data.numTasks(), seconds, read, shuffled))
+    return jobs
+
+
+def engine_stats(state: "EngineState") -> dict[str, Any]:
+    """The figures of :meth:`factflow.engine.engine.Engine.stats` (documented there)."""
+    arrangements = {}
+    for arrangement in state.arrangements.values():
+        for trace in arrangement.traces.values():
+            arrangements[trace.name] = trace.tuples
+    queries = state.queries
+    return {
+        "epoch": state.epoch,
+        "shared_tuples": sum(arrangements.values()),
+        "query_tuples": {n: q.dataflow.tuples("intermediate") for n, q in queries.items()},
+        "result_tuples": {n: q.dataflow.tuples("result") for n, q in queries.items()},
+        "arrangements": arrangements,
+        "query_arrangements": {n: {t.name: (role, t.tuples) for t, role in q.dataflow.private_traces()}
+                               for n, q in queries.items()},
+        "shared_rules": {e.name: {"rules": list(e.rules), "users": sorted(e.users), "tuples": e.tuples(),
+                                  "arrangements": {t.name: (role, t.tuples) for t, role in e.traces}}
+                         for e in state.shared.entries()},
+    }

@@ -1,0 +1,146 @@
+"""What an engine holds, and how that state moves from one epoch to the next.
+
+The state is the shared arrangement of every attribute (with the handle through which
+transactions read it), the installed queries, the rule relations they share, and the
+latest closed epoch. An epoch first appends its changes past that epoch (see
+:mod:`factflow.engine.apply` and :meth:`EngineState.evaluate`); then either
+
+* it commits: :meth:`EngineState.advance` moves every reader's handle to the new epoch,
+  allowing compaction, and :meth:`EngineState.maintain` merges the batches of what
+  changed; or
+* it fails: :meth:`EngineState.rollback` truncates every trace back to the closed epoch,
+  so no partial epoch is ever visible.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import TYPE_CHECKING, Sequence
+
+import pandas as pd
+from pyspark.sql import SparkSession
+
+from factflow.arrangement.attribute import AttributeArrangement
+from factflow.arrangement.trace import MergePolicy, Trace, TraceHandle
+from factflow.dataflow.context import EpochContext
+from factflow.dataflow.nodes import Node, Stateful
+from factflow.engine.apply import small_statements
+from factflow.engine.config import EngineConfig
+from factflow.engine.evaluation import Evaluation
+from factflow.errors import QueryError
+from factflow.model.schema import Attribute, Schema
+from factflow.planner.shared import SharedRules
+from factflow.planner.synthesis import Dataflow
+
+if TYPE_CHECKING:  # pragma: no cover
+    from factflow.engine.query import Query
+
+__all__ = ["EngineState"]
+
+
+class EngineState:
+    """An engine's schema, arrangements, installed queries, shared rules and latest closed epoch."""
+
+    def __init__(self, spark: SparkSession, config: EngineConfig, policy: MergePolicy):
+        self.spark = spark
+        self.config = config
+        self.policy = policy
+        self.schema = Schema()
+        self.arrangements: dict[int, AttributeArrangement] = {}
+        self.tx_handles: dict[int, TraceHandle] = {}
+        self.queries: dict[str, Query] = {}
+        self.shared = SharedRules()
+        self.epoch = 0
+        self._query_counter = 0
+
+    # ------------------------------------------------------------ what is held
+    def arrange(self, attribute: Attribute) -> None:
+        """Give a new attribute its shared arrangement, read by transactions from the next epoch on."""
+        if attribute.id not in self.arrangements:
+            arrangement = AttributeArrangement(self.spark, attribute, self.policy, self.epoch + 1)
+            self.arrangements[attribute.id] = arrangement
+            self.tx_handles[attribute.id] = arrangement.forward.handle(self.epoch, "transactions")
+
+    def arrangement_of(self, attribute: Attribute) -> AttributeArrangement:
+        """The shared arrangement of ``attribute``."""
+        return self.arrangements[attribute.id]
+
+    def query_name(self, name: str | None) -> str:
+        """``name`` checked for a new query, or the next free ``q<n>`` when it is None."""
+        if name is None:
+            self._query_counter += 1
+            name = f"q{self._query_counter}"
+            while name in self.queries:
+                self._query_counter += 1
+                name = f"q{self._query_counter}"
+        elif not isinstance(name, str) or not name:
+            raise QueryError("a query name must be a non-empty string")
+        if name in self.queries:
+            raise QueryError(f"a query named {name!r} is already installed")
+        return name
+
+    @staticmethod
+    def held_by(dataflows: Sequence[Dataflow]) -> tuple[list[TraceHandle], list[Trace]]:
+        """The handles and traces held by ``dataflows`` and by the shared rules they read, each once."""
+        handles = [h for df in dataflows for h in df.handles()]
+        traces = [t for df in dataflows for t, _ in df.private_traces()]
+        for entry in dict.fromkeys(e for df in dataflows for e in df.shared_rules()):
+            handles += entry.handles
+            traces += [t for t, _ in entry.traces]
+        return handles, traces
+
+    # ------------------------------------------------------------ moving between epochs
+    def evaluate(self, dataflows: Sequence[Dataflow], cx: EpochContext, subscribed: set,
+                 settled: Sequence[Node] = ()) -> dict[Stateful, pd.DataFrame]:
+        """Compute and commit the pending state of ``dataflows`` for one evaluation
+        (operators shared by several dataflows once; ``settled`` ones not at all).
+
+        Returns the output rows of result operators (all of them for small epochs, those
+        with subscribers otherwise).
+        """
+        nodes: list[Stateful] = []
+        for df in dataflows:
+            nodes += [n for n in df.stateful if n not in nodes and n not in settled]
+        if not nodes:
+            return {}
+        names = ", ".join(df.name for df in dataflows)
+        what = f"install {names}" if cx.install else f"epoch {cx.epoch}: queries {names}"
+        return Evaluation(self.spark, cx, partial(small_statements, self.spark, self.config.small_conf),
+                          self.config.recompute_fraction).run(nodes, subscribed, what)
+
+    def advance(self, epoch: int) -> None:
+        """Move every reader to the committed ``epoch``, allowing traces to compact up to it."""
+        for h in self.tx_handles.values():
+            h.advance(epoch)
+        handles, traces = self.held_by([q.dataflow for q in self.queries.values()])
+        for h in handles:
+            h.advance(epoch)
+        for trace in traces:
+            trace.advance_upper(epoch + 1)
+
+    def maintain(self, changed: dict[int, int], affected: Sequence[Query]) -> int:
+        """Merge the batches of the changed arrangements and of the affected queries' traces;
+        returns the number of merges."""
+        merges = 0
+        sc = self.spark.sparkContext
+        for aid in changed:
+            arrangement = self.arrangements[aid]
+            sc.setJobDescription(f"epoch {self.epoch}: merge {arrangement.attribute.name}")
+            merges += arrangement.maintain()
+        for trace in self.held_by([q.dataflow for q in affected])[1]:
+            sc.setJobDescription(f"epoch {self.epoch}: merge {trace.name}")
+            merges += trace.maintain()
+        return merges
+
+    def rollback(self, epoch: int) -> None:
+        """Undo the failed ``epoch``: drop every batch appended for it."""
+        for arrangement in self.arrangements.values():
+            arrangement.truncate(epoch)
+        for trace in self.held_by([q.dataflow for q in self.queries.values()])[1]:
+            trace.truncate(epoch)
+
+    def close(self) -> None:
+        """Release every arrangement (queries are closed by the engine first)."""
+        for arrangement in self.arrangements.values():
+            arrangement.close()
+        self.arrangements = {}

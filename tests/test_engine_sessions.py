@@ -1,0 +1,74 @@
+"""Engines sharing a SparkSession: each works until its own close, and only factflow's own session is stopped."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from factflow.engine.session import DEFAULT_SPARK_CONF
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture
+def restored_conf(spark):
+    """Put back the runtime settings ``Engine()`` applies to the test run's session when it joins it."""
+    saved = {key: spark.conf.get(key, None) for key in DEFAULT_SPARK_CONF}
+    yield
+    for key, value in saved.items():
+        if spark.conf.get(key, None) != value:
+            if value is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, value)
+
+
+def use(db, name):
+    db.create_attribute(name, type="long")
+    q = db.query(f"[:find ?v :where [1 {name} ?v]]")
+    db.transact([[":db/add", 1, name, 7]])
+    return q.results()
+
+
+def test_engines_joining_a_session_factflow_did_not_start_never_stop_it(spark, restored_conf):
+    from factflow import Engine
+
+    first, second = Engine(), Engine()  # both join the test run's session (getOrCreate)
+    assert first.spark is spark and second.spark is spark
+    first.close()
+    assert use(second, ":s/x") == {(7,): 1}
+    second.close()
+    assert spark.range(3).count() == 3  # still running
+
+
+def test_the_last_engine_stops_the_session_factflow_started():
+    """In a fresh interpreter (this one already runs the test session), two ``Engine()``s
+    share the session factflow starts; it stops with the second close, not the first."""
+    script = textwrap.dedent("""
+        from pyspark import SparkContext
+        from factflow import Engine, create_session
+
+        first, second = Engine(master="local[1]"), Engine(master="local[1]")
+        assert first.spark is second.spark
+        first.close()
+        second.create_attribute(":s/x", type="long")
+        q = second.query("[:find ?v :where [1 :s/x ?v]]")
+        second.transact([[":db/add", 1, ":s/x", 7]])
+        assert q.results() == {(7,): 1}, q.results()
+        second.close()
+        assert SparkContext._active_spark_context is None, "the last engine left the session running"
+
+        given = create_session("local[1]")
+        Engine(spark=given).close()
+        joined = Engine()
+        joined.close()
+        assert given.range(3).count() == 3, "an engine stopped a session it did not start"
+        given.stop()
+        print("ok")
+    """)
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]

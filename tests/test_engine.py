@@ -104,7 +104,7 @@ def test_a_committed_epoch_never_raises(people, monkeypatch, caplog):
     """Once an epoch commits, transact returns: a caller retrying an error would apply it twice."""
     q = people.query("[:find ?p ?n :where [?p :person/name ?n]]")
 
-    def failing_maintenance(changed, affected):
+    def failing_maintenance():
         raise RuntimeError("merge failed")
 
     monkeypatch.setattr(people._state, "maintain", failing_maintenance)
@@ -112,6 +112,17 @@ def test_a_committed_epoch_never_raises(people, monkeypatch, caplog):
         epoch = people.transact([add(1, ":person/name", "Ann")])
     assert people.epoch == epoch and q.results() == {(1, "Ann"): 1}
     assert any("merge failed" in str(r.exc_info[1]) for r in caplog.records if r.exc_info)
+
+
+def test_maintenance_runs_after_delivery(people):
+    """Merges never delay results: subscribers have the epoch before its batches merge."""
+    q = people.query("[:find ?p ?n :where [?p :person/name ?n]]")
+    seen = []
+    q.subscribe(lambda epoch, changes: seen.append((epoch, len(people._state.unmaintained))))
+    people.transact([add(1, ":person/name", "Ann")])
+    people.transact([add(2, ":person/name", "Bo")])
+    assert seen == [(1, 1), (2, 1)]  # delivered while the epoch's maintenance was pending
+    assert not people._state.unmaintained and "maintenance" in people.epoch_log[-1].phases
 
 
 def test_transactions_in_edn_text(people):

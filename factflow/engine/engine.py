@@ -28,7 +28,7 @@ from factflow.arrangement.attribute import AttributeArrangement
 from factflow.arrangement.trace import MergePolicy
 from factflow.engine.config import EngineConfig
 from factflow.engine.delivery import Deliveries
-from factflow.engine.epoch import run_epoch
+from factflow.engine.epoch import run_epoch, run_maintenance
 from factflow.engine.install import install
 from factflow.engine.query import Query
 from factflow.engine.reports import EpochReport, SparkJob, engine_stats
@@ -128,9 +128,13 @@ class Engine:
         try:
             with self._lock:
                 self._check_open()
-                return run_epoch(self._state, tx, f"factflow-{self._id}-epoch", self.epoch_log, self._deliveries)
+                epoch = run_epoch(self._state, tx, f"factflow-{self._id}-epoch", self.epoch_log, self._deliveries)
         finally:
             self._deliveries.drain()
+        with self._lock:
+            if not self._closed:
+                run_maintenance(self._state, f"factflow-{self._id}-maintenance", self.epoch_log)
+        return epoch
 
     # ------------------------------------------------------------ queries
     def query(self, query: str, name: str | None = None, inputs: Sequence[Any] = (), join: str = "auto",

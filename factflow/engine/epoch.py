@@ -8,11 +8,14 @@ whatever the number of installed queries:
    (:mod:`factflow.engine.apply`).
 2. *queries*: the pending state changes and outputs of every affected query are built as
    one union and fetched in one job (or, for bulk changes, checkpointed in Spark).
-3. *maintenance*: traces merge their batches geometrically (amortized).
+3. *maintenance*: traces merge their batches geometrically (amortized) and stored
+   batches write their index files.
 
 Between the second and the third phase the epoch commits: the latest closed epoch moves
 to it and its changes are queued for the subscribers (:mod:`factflow.engine.delivery`),
-who receive them once the engine lock is released.
+who receive them once the engine lock is released. Maintenance never delays results: it
+runs after the delivery (:func:`run_maintenance`, which ``transact`` calls before it
+returns, so it lags at most the epochs of concurrent writers), in a job group of its own.
 
 Every job runs in the job group ``factflow-<engine>-epoch-<n>`` with a description naming
 its phase, so the Spark UI tells which epoch and which query ran what. If anything fails
@@ -38,7 +41,7 @@ from factflow.engine.reports import EpochReport, spark_jobs
 from factflow.engine.query import Query
 from factflow.engine.state import EngineState
 
-__all__ = ["run_epoch"]
+__all__ = ["run_epoch", "run_maintenance"]
 
 log = logging.getLogger("factflow.engine")
 
@@ -76,19 +79,39 @@ def run_epoch(state: EngineState, tx: Any, group_prefix: str, epoch_log: list[Ep
     state.epoch = epoch
     state.advance(epoch)
     deliveries.put(epoch, notices)
-    mark = time.perf_counter()
-    try:
-        merges = state.maintain(changed, affected)
-    except Exception:  # the epoch is committed: failing the call would invite a second, duplicate epoch
-        log.exception("epoch %d is committed, but merging its batches failed (the next epoch merges again)", epoch)
-        merges = 0
-    phases["maintenance"] = time.perf_counter() - mark
+    state.defer_maintenance(epoch, changed, affected)
     report = EpochReport(epoch, prepared.rows, sum(changed.values()), [q.name for q in affected],
-                         spark_jobs(spark, group), time.perf_counter() - started, phases, merges)
+                         spark_jobs(spark, group), time.perf_counter() - started, phases)
     epoch_log.append(report)
     if log.isEnabledFor(logging.INFO):
         log.info(report.describe())
     return epoch
+
+
+def run_maintenance(state: EngineState, group_prefix: str, epoch_log: list[EpochReport]) -> None:
+    """Merge what the epochs since the last call appended (see :meth:`EngineState.maintain`),
+    in the job group ``<group_prefix>-<epoch>``; its time and merges go into the report of
+    the latest of those epochs (``phases["maintenance"]``, ``merges``, ``maintenance_jobs``).
+
+    A failure is logged, not raised: the epochs are committed, and failing the call would
+    invite a second, duplicate epoch; the next call merges again.
+    """
+    if not state.unmaintained:
+        return
+    epoch = state.unmaintained[-1][0]
+    group = f"{group_prefix}-{epoch}"
+    state.spark.sparkContext.setJobGroup(group, f"factflow maintenance after epoch {epoch}", interruptOnCancel=False)
+    mark = time.perf_counter()
+    try:
+        _, merges = state.maintain()
+    except Exception:
+        log.exception("merging the batches of epochs up to %d failed (the next epoch merges again)", epoch)
+        merges = 0
+    report = next((r for r in reversed(epoch_log) if r.epoch == epoch), None)
+    if report is not None:
+        report.phases["maintenance"] = time.perf_counter() - mark
+        report.merges = merges
+        report.maintenance_jobs = spark_jobs(state.spark, group)
 
 
 def _notices(affected: list[Query], outputs: dict[Stateful, pd.DataFrame]) -> list[Notice]:

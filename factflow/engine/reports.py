@@ -33,7 +33,12 @@ class SparkJob:
 
 @dataclass
 class EpochReport:
-    """What one epoch did: sizes, the Spark jobs it ran, and where the time went."""
+    """What one epoch did: sizes, the Spark jobs it ran, and where the time went.
+
+    ``seconds`` and ``jobs`` cover the epoch up to its commit (what delays its results);
+    the maintenance that runs after its delivery is reported apart, in
+    ``phases["maintenance"]``, ``merges`` and ``maintenance_jobs``.
+    """
 
     epoch: int
     operations: int | None
@@ -43,6 +48,7 @@ class EpochReport:
     seconds: float
     phases: dict[str, float] = field(default_factory=dict)
     merges: int = 0
+    maintenance_jobs: list[SparkJob] = field(default_factory=list)
 
     def describe(self) -> str:
         """Multi-line text: the epoch's figures and one line per Spark job."""
@@ -53,6 +59,8 @@ class EpochReport:
             took = f"{job.seconds:.3f}s" if job.seconds is not None else "?"
             lines.append(f"  job {job.id} ({job.tasks} tasks, {took}, read {job.rows_read} rows, "
                          f"shuffled {job.rows_shuffled}): {job.description}")
+        if self.maintenance_jobs:
+            lines.append(f"  after delivery: {self.merges} merges, {len(self.maintenance_jobs)} Spark jobs")
         return "\n".join(lines)
 
 

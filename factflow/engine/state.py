@@ -52,6 +52,7 @@ class EngineState:
         self.shared = SharedRules()
         self.epoch = 0
         self._query_counter = 0
+        self.unmaintained: list[tuple[int, set[int], list[Query]]] = []  # (epoch, attribute ids, queries)
 
     # ------------------------------------------------------------ what is held
     def arrange(self, attribute: Attribute) -> None:
@@ -118,19 +119,31 @@ class EngineState:
         for trace in traces:
             trace.advance_upper(epoch + 1)
 
-    def maintain(self, changed: dict[int, int], affected: Sequence[Query]) -> int:
-        """Merge the batches of the changed arrangements and of the affected queries' traces;
-        returns the number of merges."""
+    def defer_maintenance(self, epoch: int, changed: dict[int, int], affected: Sequence[Query]) -> None:
+        """Record the traces ``epoch`` appended to, for :meth:`maintain` to merge after delivery."""
+        self.unmaintained.append((epoch, set(changed), list(affected)))
+
+    def maintain(self) -> tuple[list[int], int]:
+        """Merge the batches of the arrangements and query traces that epochs since the last
+        call appended to (and write the index files of new stored batches); returns those
+        epochs and the number of merges."""
+        pending, self.unmaintained = self.unmaintained, []
+        if not pending:
+            return [], 0
+        epochs = [epoch for epoch, _, _ in pending]
+        changed = set().union(*(aids for _, aids, _ in pending))
+        queries = {id(q): q for _, _, qs in pending for q in qs if self.queries.get(q.name) is q}
         merges = 0
         sc = self.spark.sparkContext
-        for aid in changed:
-            arrangement = self.arrangements[aid]
-            sc.setJobDescription(f"epoch {self.epoch}: merge {arrangement.attribute.name}")
-            merges += arrangement.maintain()
-        for trace in self.held_by([q.dataflow for q in affected])[1]:
-            sc.setJobDescription(f"epoch {self.epoch}: merge {trace.name}")
+        for aid in sorted(changed):
+            arrangement = self.arrangements.get(aid)
+            if arrangement is not None:
+                sc.setJobDescription(f"epochs {epochs[0]}-{epochs[-1]}: merge {arrangement.attribute.name}")
+                merges += arrangement.maintain()
+        for trace in self.held_by([q.dataflow for q in queries.values()])[1]:
+            sc.setJobDescription(f"epochs {epochs[0]}-{epochs[-1]}: merge {trace.name}")
             merges += trace.maintain()
-        return merges
+        return epochs, merges
 
     def rollback(self, epoch: int) -> None:
         """Undo the failed ``epoch``: drop every batch appended for it."""

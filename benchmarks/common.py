@@ -53,9 +53,9 @@ def describe_session(spark) -> str:
     heap = spark.sparkContext._jvm.java.lang.Runtime.getRuntime().maxMemory() / 2**30
     differences = session_differences(spark)
     if not differences:
-        return f"session: as a default factflow.Engine() gets it (driver heap max {heap:.1f} GiB)"
+        return f"as a default factflow.Engine() gets it (driver heap max {heap:.1f} GiB)"
     shown = ", ".join(f"{k}={v!r} (engine default {d!r})" for k, (v, d) in differences.items())
-    return f"session: DIFFERS from a default factflow.Engine(): {shown}; driver heap max {heap:.1f} GiB"
+    return f"DIFFERS from a default factflow.Engine(): {shown}; driver heap max {heap:.1f} GiB"
 
 
 def machine_facts(spark) -> dict:

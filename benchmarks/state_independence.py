@@ -431,7 +431,7 @@ def main() -> None:
     baselines = {int(c) for c in args.baselines.split(",")} if args.baselines else {max(counts)}
 
     spark = engine_session()
-    print(describe_session(spark), flush=True)
+    print("session:", describe_session(spark), flush=True)
     graph1 = first_copy(spark, args.graph, lines)
     edges = {(int(r.src), int(r.dst)) for r in graph1.collect()}
     stride = stride_of(graph1)

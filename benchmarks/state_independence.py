@@ -41,12 +41,15 @@ At the largest number of copies (``--baselines``), in the same run:
 Every figure is measured with default engines (``Engine(spark=s)`` on a session
 configured as ``factflow.Engine()`` configures its own: ``common.engine_session()``,
 2 GB driver; the script prints whether the session differs). The machine may be shared:
-ratios are between figures of the same run.
+ratios are between figures of the same run. Before the first number of copies an untimed
+warm-up engine (two copies of 5,000 edges, three epochs, one selective install) runs the
+same code paths, so that the reference size does not pay the JVM's warm-up alone
+(``--no-warmup`` skips it). Each number of copies gets its own engine, closed before the next.
 
     python benchmarks/state_independence.py                     # copies 1,4; 20 epochs of 100 changes
     python benchmarks/state_independence.py --quick             # smoke run: 20,000 lines, 5 epochs
     python benchmarks/state_independence.py [--copies 1,4] [--epochs 20] [--changes 100] [--edges N]
-                                            [--installs 3] [--baselines 4] [--seed 11] [--no-warmup]
+                                            [--installs 3] [--baselines 4|none] [--seed 11] [--no-warmup]
 """
 
 from __future__ import annotations
@@ -439,7 +442,8 @@ def main() -> None:
     parser.add_argument("--changes", type=int, default=100, help="edge changes per epoch (half retractions)")
     parser.add_argument("--edges", type=int, default=None, help=f"use the first N lines of the file (quick: {QUICK_EDGES:,})")
     parser.add_argument("--installs", type=int, default=None, help="installs of the selective query per number of copies (default 3, quick 2)")
-    parser.add_argument("--baselines", default=None, help="numbers of copies at which to run the recompute and fresh-engine baselines (default: the largest)")
+    parser.add_argument("--baselines", default=None, help="numbers of copies at which to run the recompute and fresh-engine baselines "
+                             "(default: the largest; 'none' for none)")
     parser.add_argument("--seed", type=int, default=11)
     parser.add_argument("--graph", default=os.path.join(GRAPHS, "facebook_combined.txt"))
     parser.add_argument("--quick", action="store_true", help="smoke run: a prefix of the file, few epochs")
@@ -449,7 +453,10 @@ def main() -> None:
     epochs = args.epochs or (QUICK_EPOCHS if args.quick else 20)
     lines = args.edges or (QUICK_EDGES if args.quick else None)
     args.installs = args.installs or (2 if args.quick else 3)
-    baselines = {int(c) for c in args.baselines.split(",")} if args.baselines else {max(counts)}
+    if args.baselines == "none":
+        baselines: set[int] = set()
+    else:
+        baselines = {int(c) for c in args.baselines.split(",")} if args.baselines else {max(counts)}
 
     spark = engine_session()
     print("session:", describe_session(spark), flush=True)

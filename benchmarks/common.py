@@ -15,6 +15,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from factflow import create_session  # noqa: E402
+from factflow.engine.session import DEFAULT_SPARK_CONF  # noqa: E402
 
 GRAPHS = os.environ.get("FACTFLOW_GRAPHS", os.path.join(ROOT, "..", "shared", "data", "graphs"))
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
@@ -23,6 +24,38 @@ RESULTS = os.path.join(ROOT, "benchmarks", "results")
 def session(memory: str = "6g", master: str = "local[*]"):
     """The benchmark SparkSession (local mode on every core, factflow's defaults)."""
     return create_session(master, app_name="factflow-bench", conf={"spark.driver.memory": memory})
+
+
+def engine_session(master: str = "local[*]"):
+    """A SparkSession configured as the one ``factflow.Engine()`` creates for itself (factflow's
+    defaults, driver memory included; only the application name differs), so that figures
+    measured with ``Engine(spark=engine_session())`` are those of a default engine.
+    (:func:`session` sets a 6 GB driver where the engine's default is 2 GB.)"""
+    return create_session(master, app_name="factflow-bench")
+
+
+def session_differences(spark) -> dict:
+    """The settings of ``spark`` that differ from what a default ``factflow.Engine()`` gets
+    (``{key: (this session, engine default)}``; empty when the session is the engine's own)."""
+    context = spark.sparkContext.getConf()
+    differences = {}
+    for key, default in DEFAULT_SPARK_CONF.items():
+        value = context.get(key, None)
+        if value is None:
+            value = spark.conf.get(key, None)
+        if value != default:
+            differences[key] = (value, default)
+    return differences
+
+
+def describe_session(spark) -> str:
+    """One line saying whether ``spark`` is configured as a default engine's session."""
+    heap = spark.sparkContext._jvm.java.lang.Runtime.getRuntime().maxMemory() / 2**30
+    differences = session_differences(spark)
+    if not differences:
+        return f"as a default factflow.Engine() gets it (driver heap max {heap:.1f} GiB)"
+    shown = ", ".join(f"{k}={v!r} (engine default {d!r})" for k, (v, d) in differences.items())
+    return f"DIFFERS from a default factflow.Engine(): {shown}; driver heap max {heap:.1f} GiB"
 
 
 def machine_facts(spark) -> dict:
@@ -42,6 +75,8 @@ def machine_facts(spark) -> dict:
         "spark": spark.version,
         "master": spark.sparkContext.master,
         "shuffle_partitions": spark.conf.get("spark.sql.shuffle.partitions"),
+        "driver_memory": spark.sparkContext.getConf().get("spark.driver.memory", None),
+        "session_differs_from_engine_defaults": {k: v[0] for k, v in session_differences(spark).items()},
     }
 
 

@@ -9,7 +9,7 @@ from factflow.engine.engine import Engine, EngineConfig, EpochReport, SparkJob
 from factflow.engine.query import Query
 from factflow.engine.session import create_session
 from factflow.errors import (
-    EdnSyntaxError, EngineClosedError, FactflowError, QueryError, RuleError, SchemaError, TransactionError,
+    EdnSyntaxError, EngineClosedError, ExecutionError, FactflowError, QueryError, RuleError, SchemaError, TransactionError,
     UnknownAttributeError,
 )
 
@@ -18,5 +18,5 @@ __version__ = "0.1.0"
 __all__ = [
     "Engine", "EngineConfig", "EpochReport", "SparkJob", "Query", "create_session",
     "FactflowError", "EdnSyntaxError", "SchemaError", "UnknownAttributeError", "TransactionError",
-    "QueryError", "RuleError", "EngineClosedError", "__version__",
+    "QueryError", "RuleError", "EngineClosedError", "ExecutionError", "__version__",
 ]

@@ -41,3 +41,8 @@ class RuleError(QueryError):
 
 class EngineClosedError(FactflowError):
     """The engine (or a query) was used after it was closed."""
+
+
+class ExecutionError(FactflowError):
+    """Spark failed while running an epoch or an install; it was rolled back and the
+    engine stays usable. The Spark error is chained as ``__cause__``."""

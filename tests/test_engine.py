@@ -390,3 +390,46 @@ def test_aggregate_errors_name_the_aggregate(people):
         people.query("[:find (max 0 ?a) :where [_ :person/age ?a]]")
     with pytest.raises(QueryError, match="rand"):
         people.query("[:find (rand 2 ?a) :where [_ :person/age ?a]]")
+
+
+def test_a_round_over_the_driver_result_limit_stays_in_spark(people, monkeypatch):
+    """A small epoch whose rows exceed spark.driver.maxResultSize is kept in Spark, not lost."""
+    from factflow.engine import collect
+
+    q = people.query("[:find ?a ?c :where [?a :person/knows ?b] [?b :person/knows ?c]]", join="delta")
+    seen = []
+    q.subscribe(lambda epoch, changes: seen.extend(changes))
+    original = collect.Collector.run
+    failed = []
+
+    def over_limit(self, spark, cx, description="collect"):
+        if "queries" in description and not failed:
+            failed.append(description)
+            raise RuntimeError("Job aborted: Total size of serialized results is bigger than "
+                               "spark.driver.maxResultSize (512.0 MiB)")
+        return original(self, spark, cx, description)
+
+    monkeypatch.setattr(collect.Collector, "run", over_limit)
+    people.transact([add(1, ":person/knows", 2), add(2, ":person/knows", 3)])
+    assert failed and sorted(seen) == [((1, 3), 1)] and q.results() == {(1, 3): 1}
+
+
+def test_a_spark_failure_rolls_the_epoch_back_and_the_engine_goes_on(people, monkeypatch):
+    from factflow import ExecutionError
+    from factflow.engine import collect
+
+    q = people.query("[:find ?p ?n :where [?p :person/name ?n]]")
+    people.transact([add(1, ":person/name", "Ann")])
+    original = collect.Collector.run
+
+    def broken(self, spark, cx, description="collect"):
+        raise RuntimeError("org.apache.spark.SparkException: Job aborted\n\tat some.Frame")
+
+    monkeypatch.setattr(collect.Collector, "run", broken)
+    with pytest.raises(ExecutionError, match="epoch 2 failed in Spark and was rolled back: org.apache.spark") as info:
+        people.transact([add(2, ":person/name", "Bo")])
+    assert isinstance(info.value.__cause__, RuntimeError)
+    monkeypatch.setattr(collect.Collector, "run", original)
+    assert people.epoch == 1 and q.results() == {(1, "Ann"): 1}
+    assert people.transact([add(2, ":person/name", "Bo")]) == 2
+    assert q.results() == {(1, "Ann"): 1, (2, "Bo"): 1}

@@ -40,6 +40,7 @@ from factflow.engine.delivery import Deliveries, Notice
 from factflow.engine.reports import EpochReport, spark_jobs
 from factflow.engine.query import Query
 from factflow.engine.state import EngineState
+from factflow.errors import ExecutionError, FactflowError
 
 __all__ = ["run_epoch", "run_maintenance"]
 
@@ -73,6 +74,12 @@ def run_epoch(state: EngineState, tx: Any, group_prefix: str, epoch_log: list[Ep
                                  subscribed={q.dataflow.result for q in affected if q.has_subscribers})
         notices = _notices(affected, outputs)
         phases["queries"] = time.perf_counter() - mark
+    except FactflowError:
+        state.rollback(epoch)
+        raise
+    except Exception as exc:
+        state.rollback(epoch)
+        raise ExecutionError(f"epoch {epoch} failed in Spark and was rolled back: {_first_line(exc)}") from exc
     except BaseException:
         state.rollback(epoch)
         raise
@@ -112,6 +119,12 @@ def run_maintenance(state: EngineState, group_prefix: str, epoch_log: list[Epoch
         report.phases["maintenance"] = time.perf_counter() - mark
         report.merges = merges
         report.maintenance_jobs = spark_jobs(state.spark, group)
+
+
+def _first_line(exc: BaseException) -> str:
+    """The first line of an error's text (Spark's carry a JVM stack trace)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _notices(affected: list[Query], outputs: dict[Stateful, pd.DataFrame]) -> list[Notice]:

@@ -8,10 +8,16 @@ that its consolidated input change ``d`` is materialized once instead of being c
 twice (once to find the keys whose old counts it needs, once to combine with them).
 
 Small epochs fetch each round with one job into driver memory (local batches); bulk
-epochs and installs checkpoint every result in Spark instead.
+epochs and installs checkpoint every result in Spark instead. What a fetch may bring to
+the driver is bounded by ``spark.driver.maxResultSize`` (factflow's sessions: 512 MiB):
+a small epoch whose round turns out larger (a tiny change with an enormous intermediate
+result) fails that collect fast, before the driver runs out of memory, and the round is
+checkpointed in Spark instead.
 """
 
 from __future__ import annotations
+
+import logging
 
 from typing import TYPE_CHECKING
 
@@ -31,6 +37,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from typing import Callable
 
 __all__ = ["Evaluation"]
+
+log = logging.getLogger(__name__)
 
 STATE, PENDING = "state", "pending"
 
@@ -101,9 +109,14 @@ class Evaluation:
                 if not steps:
                     continue
                 if self.cx.small and not self.cx.install:
-                    self._fetch(steps, outputs, label)
-                else:
-                    self._store(steps, outputs, subscribed, label)
+                    try:
+                        self._fetch(steps, outputs, label)
+                        continue
+                    except Exception as exc:  # noqa: BLE001 - only the result-size limit is handled
+                        if not _over_result_limit(exc):
+                            raise
+                        log.info("%s: the round's rows exceed spark.driver.maxResultSize; kept in Spark", label)
+                self._store(steps, outputs, subscribed, label)
         finally:
             for view in self._views + self.cx.views:
                 drop_view(self.spark, view)
@@ -205,6 +218,11 @@ class Evaluation:
             if node in subscribed:
                 sc.setJobDescription(f"{label}: output of {node.trace.name}")
                 outputs[node] = stored.toArrow().to_pandas()
+
+
+def _over_result_limit(exc: BaseException) -> bool:
+    """Whether a Spark failure is a collect stopped by ``spark.driver.maxResultSize``."""
+    return "maxResultSize" in str(exc)
 
 
 def _schema(node: Stateful) -> T.StructType:

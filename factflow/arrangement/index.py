@@ -99,19 +99,14 @@ class _IndexWriter:
         context = TaskContext.get()
         part = context.partitionId() if context is not None else 0
         path = os.path.join(self.directory, f"part-{part:05d}.arrow")
-        rows = 0
-        writer = None
-        for batch in batches:
-            if batch.num_rows == 0:
-                continue
-            if writer is None:
-                writer = pa.ipc.new_file(path + ".tmp", batch.schema)
-            writer.write_batch(batch)
-            rows += batch.num_rows
-        if writer is not None:
-            writer.close()
+        rows = [b for b in batches if b.num_rows]
+        if rows:
+            # one record batch per file: its hash column then maps to numpy without a copy
+            table = pa.Table.from_batches(rows).combine_chunks()
+            with pa.ipc.new_file(path + ".tmp", table.schema) as writer:
+                writer.write_table(table, max_chunksize=max(table.num_rows, 1))
             os.replace(path + ".tmp", path)
-        yield pa.RecordBatch.from_pydict({"path": [path], "rows": [rows]},
+        yield pa.RecordBatch.from_pydict({"path": [path], "rows": [sum(b.num_rows for b in rows)]},
                                          schema=pa.schema([("path", pa.string()), ("rows", pa.int64())]))
 
 
@@ -132,7 +127,7 @@ def _open(path: str) -> tuple[pa.Table, np.ndarray]:
         _opened.move_to_end(path)
         return found
     table = pa.ipc.open_file(pa.memory_map(path)).read_all()
-    hashes = table.column(KEY_HASH).to_numpy()
+    hashes = table.column(KEY_HASH).to_numpy()  # one chunk without nulls: no copy
     _opened[path] = (table, hashes)
     while len(_opened) > _OPEN_LIMIT:
         _opened.popitem(last=False)

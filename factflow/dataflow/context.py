@@ -43,6 +43,7 @@ class EpochContext:
         self.small = small
         self.spark = spark
         self.views: list[str] = []  # temp views registered for this evaluation (dropped after it)
+        self._probes: bool | None = None  # None: probe in small epochs only
         self._memo: dict[tuple[int, str], str | None] = {}
         self._sql = Statement()
 
@@ -53,8 +54,10 @@ class EpochContext:
 
     @property
     def probes(self) -> bool:
-        """Whether operators may probe traces by key in this evaluation (small epochs)."""
-        return self.small and not self.install and self.spark is not None
+        """Whether operators may probe traces by key: in small epochs, and in an install's
+        pipeline that starts from a constant (see :meth:`child`)."""
+        allowed = self.small and not self.install if self._probes is None else self._probes
+        return allowed and self.spark is not None
 
     def define(self, sql: str) -> str:
         """Name a subquery; returns the name to use in FROM clauses. In a small epoch the
@@ -80,13 +83,15 @@ class EpochContext:
             self._memo[key] = build()
         return self._memo[key]
 
-    def child(self) -> "EpochContext":
-        """A context for one step of an iterative operator: the same epoch, statement and
-        memoized relations, whose memo entries it may then replace without affecting this one."""
+    def child(self, probes: bool | None = None) -> "EpochContext":
+        """A context for one step of an iterative operator (or one selective pipeline): the
+        same epoch, statement and memoized relations, whose memo entries it may then
+        replace without affecting this one; ``probes`` overrides whether it probes."""
         sub = EpochContext(self.epoch, self.install, self.small, self.spark)
         sub._memo = dict(self._memo)
         sub._sql = self._sql
         sub.views = self.views
+        sub._probes = self._probes if probes is None else probes
         return sub
 
     def set(self, owner: object, what: str, relation: str | None) -> None:

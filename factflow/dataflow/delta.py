@@ -39,7 +39,7 @@ from factflow.arrangement.trace import TraceHandle
 from factflow.dataflow import zset
 from factflow.dataflow.context import EpochContext, Version
 from factflow.dataflow.lookup import TRACE_DIFF, probe
-from factflow.dataflow.nodes import Columns, Node
+from factflow.dataflow.nodes import Columns, Node, Scan
 from factflow.dataflow.zset import ident
 from factflow.model.types import Kind
 
@@ -200,6 +200,8 @@ class DeltaJoin(Node):
         return cx.define(zset.union(parts, self.names)) if parts else None
 
     def _read(self, cx, version):
+        if cx.install and isinstance(self.reader.source, Scan) and self.reader.source.selective:
+            cx = cx.child(probes=True)  # a constant-bound start: every stage looks up few keys
         start = self.reader.source.read(cx, version)
         return self._run(cx, self.reader, start, lambda position: version)
 

@@ -168,11 +168,30 @@ class Scan(Node):
         return self._shape(cx, "(" + " UNION ALL ".join(f"SELECT * FROM {b.source}" for b in batches) + ")")
 
     def _read(self, cx, version):
-        if version is Version.OLD:
-            if cx.install:
-                return self._shape(cx, self.trace.empty())
-            return self._shape(cx, self.handle.read(cx.old_epoch))
-        return self._shape(cx, self.handle.read(cx.epoch))
+        if version is Version.OLD and cx.install:
+            return self._shape(cx, self.trace.empty())
+        as_of = _as_of(cx, version)
+        return self._shape(cx, self.keyed_read(cx, as_of) or self.handle.read(as_of))
+
+    @property
+    def selective(self) -> bool:
+        """Whether a constant binds the key of the index this pattern reads."""
+        key = self.handle.key
+        return key == ("e",) and self.e_const is not None or key == ("v",) and self.v_const is not None
+
+    def keyed_read(self, cx: EpochContext, as_of: int) -> str | None:
+        """The index rows of a pattern whose constant binds the index key, probed by that
+        key (``e, v, _diff``), or None when a probe does not apply."""
+        if not self.selective:
+            return None
+        key = self.handle.key[0]
+        other = "v" if key == "e" else "e"
+        value, kind = (self.e_const, Kind.LONG) if key == "e" else (self.v_const, self.value_kind)
+        constant = cx.define(f"SELECT {literal(value, kind)} AS `_k`, CAST(1 AS BIGINT) AS {ident(DIFF)}")
+        probed = probe(cx, self.handle, constant, [("_k", kind)], [("_k", key)], [(other, other)], as_of, how="semi")
+        if probed is None:
+            return None
+        return f"(SELECT `_k` AS `{key}`, `{other}`, {ident(TRACE_DIFF)} AS {ident(DIFF)} FROM {probed})"
 
     def join_into(self, cx, version, frame, frame_columns, on):
         """Probe the index by the frame's keys where that applies (see :mod:`.lookup`)."""

@@ -1,7 +1,8 @@
-"""Join strategies: what each plans, the state it keeps, and the auto policy.
+"""Join strategies: what each plans, the state it keeps, and the auto policy on real queries.
 
-Correctness of every strategy against the oracle is in test_differential.py; these tests
-check the properties that distinguish the strategies.
+Correctness of every strategy against the oracle is in test_differential.py, the decision
+itself (summaries in, strategy and reason out) in test_strategy.py; these tests check the
+properties that distinguish the strategies.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from collections import Counter
 import pytest
 
 from factflow import QueryError
-from factflow.planner.strategy import choose, is_acyclic
 
 TRIANGLES = "[:find ?a ?b ?c :where [?a :e ?b] [?b :e ?c] [?a :e ?c]]"
 
@@ -117,12 +117,3 @@ def test_unknown_strategy_is_rejected(graph):
         graph.query(TRIANGLES, join="magic")
     assert graph.queries == {}
 
-
-def test_acyclicity():
-    assert is_acyclic([{"a", "b"}, {"b", "c"}])
-    assert is_acyclic([{"p", "x"}, {"p", "y"}, {"p", "z"}])
-    assert is_acyclic([{"a", "b", "c"}, {"a", "b"}, {"b", "c"}])  # covered by one edge
-    assert not is_acyclic([{"a", "b"}, {"b", "c"}, {"a", "c"}])
-    assert not is_acyclic([{"a", "b"}, {"b", "c"}, {"c", "d"}, {"d", "a"}])
-    assert choose("auto", [{"a", "b"}, {"b", "c"}, {"a", "c"}], False)[0] == "wco"
-    assert choose("delta", [{"a", "b"}, {"b", "c"}, {"a", "c"}], False) == ("delta", "requested")

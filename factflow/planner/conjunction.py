@@ -5,9 +5,12 @@ The clauses of a conjunction are of three sorts: *relations* that bind variables
 and *binders* (function expressions). Filters and binders are applied as soon as the
 variables they read are bound, on a single relation before it is joined when possible.
 
-This module implements the join-at-a-time (``binary``) strategy: relations are joined in
-clause order (inputs first, as Datomic binds them before ``:where``); every intermediate
-result that is joined again is arranged privately on the next join key.
+Each conjunction is summarized (:meth:`_Conjunction.summary`) and planned with the
+strategy :func:`factflow.planner.strategy.choose` picks for it. This module implements
+the join-at-a-time (``binary``) strategy: relations are joined in clause order (inputs
+first, as Datomic binds them before ``:where``); every intermediate result that is
+joined again is arranged privately on the next join key. ``delta`` and ``wco`` are
+planned by :mod:`factflow.planner.delta`.
 """
 
 from __future__ import annotations
@@ -21,8 +24,8 @@ from factflow.dataflow.nodes import (
 )
 from factflow.errors import QueryError
 from factflow.lang.ast import (
-    BindScalar, Blank, Clause, Const, FnCall, Not, Or, Pattern, Predicate, RuleCall, Var, clause_vars, show,
-    term_vars,
+    BindScalar, Blank, Clause, Const, FnCall, Not, Or, Pattern, Predicate, RuleCall, Var, binding_vars, clause_vars,
+    show, term_vars,
 )
 from factflow.lang.rules import bound_vars
 from factflow.model.types import Kind, coerce_value, kind_of_python_value
@@ -30,6 +33,7 @@ from factflow.planner.context import PlanContext
 from factflow.planner.magic import goal_relation
 from factflow.planner.recursion import component_of, plan_component
 from factflow.planner.relations import binding_rows, static_relation
+from factflow.planner.strategy import ConjunctionSummary, Strategy, choose
 
 __all__ = ["Scope", "plan_conjunction", "pattern_kinds"]
 
@@ -106,8 +110,50 @@ class _Conjunction:
             else:
                 self.relations.append(c)
 
+    # ------------------------------------------------------------ strategy
+    def summary(self) -> ConjunctionSummary:
+        """What the strategy decision needs to know about this conjunction (see
+        :mod:`factflow.planner.strategy`); edges name variables, so no column is allocated."""
+        seeded_or = next((c for c in self.relations
+                          if isinstance(c, Or) and not self.standalone(c.branches, self.or_vars(c))), None)
+        seeded_goal = self.seeded_goal()
+        edges = [frozenset(str(self.scope.var_of(c) or c) for c in s.names) for s in self.sources]
+        edges += [frozenset(str(v) for v in self.relation_vars(c)) for c in self.relations]
+        return ConjunctionSummary(
+            requested=self.pc.strategy,
+            edges=tuple(edges),
+            cardinality_one=all(isinstance(c, Pattern) and self.pc.attribute(c.a, show(c)).semantics == "one"
+                                for c in self.relations),
+            recursive=self.pc.transient,
+            seeded_or=show(seeded_or) if seeded_or is not None else None,
+            seeded_goal=show(seeded_goal) if seeded_goal is not None else None,
+            negations=sum(isinstance(c, Not) for c in self.pending),
+            sources=len(self.sources),
+        )
+
+    def relation_vars(self, clause: Clause) -> list[Var]:
+        """The variables a binding clause (pattern, rule call, or, literal collection) binds."""
+        if isinstance(clause, Or):
+            return self.or_vars(clause)
+        if isinstance(clause, RuleCall):
+            return term_vars(clause.args)
+        if isinstance(clause, Pattern):
+            return [v for v in (clause.e, clause.v) if isinstance(v, Var)]
+        return binding_vars(clause.binding)
+
+    def seeded_goal(self) -> RuleCall | None:
+        """A call of a recursive rule with a variable argument bound by an earlier clause:
+        its goal-directed evaluation is seeded by the join-at-a-time prefix before it."""
+        bound = {v for s in self.sources for v in map(self.scope.var_of, s.names) if v is not None}
+        for c in self.relations:
+            if isinstance(c, RuleCall) and bound & set(term_vars(c.args)) and component_of(c.name, self.pc, show(c)):
+                return c
+            bound |= bound_vars([c])
+        return None
+
     # ------------------------------------------------------------ chain
     def plan(self) -> Node:
+        """The join-at-a-time (``binary``) plan of this conjunction."""
         left: Node | None = None
         left_is_shared = True
         items: list[Node | Clause] = [*self.sources, *self.relations]
@@ -409,11 +455,13 @@ def _plan_rule(name: str, component: list[str], pc: PlanContext, stack: tuple[st
 def plan_conjunction(clauses: Sequence[Clause], sources: Sequence[Node], scope: Scope,
                      pc: PlanContext, stack: tuple[str, ...] = (), label: str = "query") -> Node:
     """Operators computing every binding of ``clauses`` (joined with ``sources``), joined
-    with the query's strategy; the bodies of recursive rules (re-evaluated per iteration
-    of their fixpoint) are always joined at a time."""
-    if pc.strategy == "binary" or pc.transient:
-        if not pc.transient:
-            pc.note_strategy(label, "binary", "requested")
-        return _Conjunction(clauses, sources, scope, pc, stack).plan()
+    with the strategy :func:`factflow.planner.strategy.choose` picks for them."""
+    conjunction = _Conjunction(clauses, sources, scope, pc, stack)
+    summary = conjunction.summary()
+    strategy, reason = choose(summary)
+    if not summary.recursive:  # a recursive body is shown by its fixpoint
+        pc.note_strategy(label, strategy, reason)
+    if strategy == Strategy.BINARY:
+        return conjunction.plan()
     from factflow.planner.delta import plan_delta
-    return plan_delta(clauses, sources, scope, pc, stack, pc.strategy, label)
+    return plan_delta(clauses, sources, scope, pc, stack, strategy, label)

@@ -18,6 +18,7 @@ from factflow.model.schema import Attribute, Schema
 from factflow.model.types import Kind
 from factflow.planner.holdings import Holdings
 from factflow.planner.shared import SharedRule, SharedRules
+from factflow.planner.strategy import Strategy
 
 __all__ = ["PlanContext"]
 
@@ -33,7 +34,7 @@ class PlanContext(Holdings):
 
     def __init__(self, spark: SparkSession, schema: Schema,
                  arrangement: Callable[[Attribute], AttributeArrangement], rules: RuleStore,
-                 name: str, epoch: int, policy: MergePolicy, semantics: str, strategy: str = "binary",
+                 name: str, epoch: int, policy: MergePolicy, semantics: str, strategy: Strategy = Strategy.BINARY,
                  shared_rules: SharedRules | None = None):
         super().__init__(spark)
         self.schema = schema
@@ -102,6 +103,10 @@ class PlanContext(Holdings):
         self.strategies.append((conjunction, strategy, reason))
         if self._owner is not None:
             self._owner.notes.append((conjunction, strategy, reason))
+
+    def strategy_of(self, conjunction: str) -> str:
+        """The strategy first noted for ``conjunction`` (the query's ``:where`` is ``query``)."""
+        return next(s for c, s, _ in self.strategies if c == conjunction and s)
 
     def attribute(self, name: Keyword, where: str) -> Attribute:
         """Look up an attribute used by a clause."""

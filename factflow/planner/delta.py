@@ -21,12 +21,11 @@ binds their variables. Then:
   (rule relations, unary patterns, inputs) by a keyed lookup. Bindings of several unbound
   variables are joined as in ``delta`` when no single variable can be extended.
 
-A call of a recursive rule whose argument is bound by an earlier clause keeps the
-conjunction binary: its goal-directed (magic sets) evaluation is seeded by that prefix.
 Negation whose variables need the rest of the conjunction (``not-join`` reading outer
-bindings) is applied after the join on a privately arranged result, and an ``or`` that
-needs outer bindings makes the conjunction fall back to ``binary``; both are reported by
-``explain``.
+bindings) is applied after the join on a privately arranged result (``explain`` says
+so). Whether a conjunction is planned here at all is decided by
+:func:`factflow.planner.strategy.choose` (an ``or`` reading outer bindings or a seeded
+goal-directed call keeps it ``binary``, for example).
 """
 
 from __future__ import annotations
@@ -34,21 +33,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from factflow.dataflow import expressions as X
 from factflow.dataflow.delta import (
     Apply, CountIndex, DeltaJoin, Exclude, Extend, Extender, Lookup, Pipeline, Shape,
 )
 from factflow.dataflow.nodes import Filter, Node, Project, Scan, Static
 from factflow.errors import QueryError
-from factflow.lang.ast import (
-    Clause, FnCall, Not, Or, Pattern, Predicate, RuleCall, Var, binding_vars, show, term_vars,
-)
+from factflow.lang.ast import Clause, FnCall, Not, Pattern, Predicate, show, term_vars
 from factflow.model.types import Kind
-from factflow.planner import strategy as S
 from factflow.planner.conjunction import Scope, _Conjunction, plan_conjunction
 from factflow.planner.context import PlanContext
-from factflow.planner.recursion import component_of
-from factflow.lang.rules import bound_vars
+from factflow.planner.strategy import Strategy
 
 __all__ = ["plan_delta"]
 
@@ -75,57 +69,20 @@ class _Binding:
 
 
 class _DeltaConjunction(_Conjunction):
-    """Plans one conjunction as a :class:`DeltaJoin` (or, where that cannot help, binary)."""
+    """Plans one conjunction as a :class:`DeltaJoin` with strategy ``delta`` or ``wco``."""
 
     def __init__(self, clauses: Sequence[Clause], sources: Sequence[Node], scope: Scope, pc: PlanContext,
-                 stack: tuple[str, ...], requested: str, label: str):
+                 stack: tuple[str, ...], strategy: Strategy, label: str):
         super().__init__(clauses, sources, scope, pc, stack)
-        self.requested = requested
+        self.strategy = strategy
         self.label = label
         self.bindings: list[_Binding] = []
         self.constraints: list[Clause] = []
         self.deferred: list[Not] = []
 
-    # ------------------------------------------------------------ strategy
-    def choose(self) -> tuple[str, str]:
-        """The strategy for this conjunction (see :mod:`factflow.planner.strategy`)."""
-        seeded = [c for c in self.relations if isinstance(c, Or) and not self.standalone(c.branches, self.or_vars(c))]
-        if seeded:
-            return "binary", f"{show(seeded[0])} reads outer bindings"
-        seeded_call = self.seeded_goal()
-        if seeded_call is not None:
-            return "binary", f"goal-directed {show(seeded_call)} is seeded by the clauses before it"
-        edges = [set(s.names) for s in self.sources]
-        for c in self.relations:
-            variables = self.or_vars(c) if isinstance(c, Or) else \
-                term_vars(c.args) if isinstance(c, RuleCall) else \
-                [v for v in (c.e, c.v) if isinstance(v, Var)] if isinstance(c, Pattern) else \
-                [v for v in binding_vars(c.binding)]
-            edges.append({self.scope.col(v) for v in variables})
-        negations = [c for c in self.pending if isinstance(c, Not)]
-        one = not negations and not self.sources and all(
-            isinstance(c, Pattern) and self.pc.attribute(c.a, show(c)).semantics == "one" for c in self.relations)
-        strategy, reason = S.choose(self.requested, edges, one)
-        if strategy != "binary" and len(edges) <= 1 and not negations:
-            return "binary", "a single binding"
-        return strategy, reason
-
-    def seeded_goal(self) -> RuleCall | None:
-        """A call of a recursive rule with a variable argument bound by an earlier clause:
-        its goal-directed evaluation is seeded by the join-at-a-time prefix before it."""
-        bound = {v for s in self.sources for v in map(self.scope.var_of, s.names) if v is not None}
-        for c in self.relations:
-            if isinstance(c, RuleCall) and bound & set(term_vars(c.args)) and component_of(c.name, self.pc, show(c)):
-                return c
-            bound |= bound_vars([c])
-        return None
-
     # ------------------------------------------------------------ bindings
     def plan(self) -> Node:
-        strategy, reason = self.choose()
-        self.pc.note_strategy(self.label, strategy, reason)
-        if strategy == "binary":
-            return super().plan()
+        """The :class:`DeltaJoin` of this conjunction (negation reading outer bindings applied after it)."""
         for node in self.sources:
             self.add_binding(_Binding(len(self.bindings), node, node.describe()), node)
         for clause in self.relations:
@@ -136,7 +93,7 @@ class _DeltaConjunction(_Conjunction):
             else:
                 self.constraints.append(clause)
         self.pending = []
-        node = self.join(strategy)
+        node = self.join(self.strategy)
         for clause in self.deferred:
             node = self.negate(node, clause)
         return node
@@ -215,7 +172,7 @@ class _DeltaConjunction(_Conjunction):
         return Extender(node, binding.position, key, count, binding.label)
 
     # ------------------------------------------------------------ pipelines
-    def join(self, strategy: str) -> DeltaJoin:
+    def join(self, strategy: Strategy) -> DeltaJoin:
         columns: dict[str, Kind] = {}
         for b in self.bindings:
             if b.negated:
@@ -231,7 +188,7 @@ class _DeltaConjunction(_Conjunction):
         reader = next(p for p in pipelines if not p.negated)
         return DeltaJoin(tuple(columns.items()), [p for p in pipelines if _can_change(p.source)], reader, strategy)
 
-    def pipeline(self, strategy: str, source: _Binding, kinds: dict[str, Kind]) -> tuple[Pipeline, dict[str, Kind]]:
+    def pipeline(self, strategy: Strategy, source: _Binding, kinds: dict[str, Kind]) -> tuple[Pipeline, dict[str, Kind]]:
         """The pipeline from ``source`` and the columns it binds, in the order it binds them."""
         bound: dict[str, Kind] = dict(source.node.columns)
         pipeline = Pipeline(source.node, source.position, source.negated, source.label)
@@ -263,7 +220,7 @@ class _DeltaConjunction(_Conjunction):
 
         settle()
         while left:
-            if strategy == "wco" and self.extend_wco(pipeline, left, bound, kinds):
+            if strategy == Strategy.WCO and self.extend_wco(pipeline, left, bound, kinds):
                 settle()
                 continue
             best = max(left, key=lambda b: (len(set(b.columns) & bound.keys()) > 0, len(set(b.columns) & bound.keys()),
@@ -319,6 +276,6 @@ def _can_change(node: Node) -> bool:
 
 
 def plan_delta(clauses: Sequence[Clause], sources: Sequence[Node], scope: Scope, pc: PlanContext,
-               stack: tuple[str, ...], requested: str, label: str) -> Node:
-    """Operators computing every binding of ``clauses`` with the ``delta``/``wco``/``auto`` strategy."""
-    return _DeltaConjunction(clauses, sources, scope, pc, stack, requested, label).plan()
+               stack: tuple[str, ...], strategy: Strategy, label: str) -> Node:
+    """Operators computing every binding of ``clauses`` with ``strategy`` (``delta`` or ``wco``)."""
+    return _DeltaConjunction(clauses, sources, scope, pc, stack, strategy, label).plan()

@@ -1,4 +1,4 @@
-"""Choosing a join strategy for one conjunction: the ``join="auto"`` policy.
+"""Choosing the join strategy of one conjunction: the whole decision, in :func:`choose`.
 
 Strategies (``Engine.query(..., join=...)``):
 
@@ -8,31 +8,90 @@ Strategies (``Engine.query(..., join=...)``):
 * ``delta``: one delta pipeline per binding that can change, extended by lookups into
   shared arrangements; no private state.
 * ``wco``: delta pipelines whose stages are worst-case optimal (Hector) extensions.
+* ``auto``: chosen per conjunction by the policy below.
 
-``auto`` decides per conjunction (a query's ``:where`` and each rule body), from its
-bindings (data patterns, rule calls, inputs, unions; negations and predicates do not
-count):
+The planner describes each conjunction (a query's ``:where``, a rule body, a negated or
+``or`` clause group) by a :class:`ConjunctionSummary`, plain data built by
+``_Conjunction.summary`` in :mod:`factflow.planner.conjunction`, and plans it with what
+:func:`choose` returns; no other module decides. Its *bindings* are the clauses that bind
+variables on their own (data patterns, rule calls, inputs, literal collections, unions);
+negations and predicates do not count. The policy, first match wins:
 
-1. at most one binding: ``binary`` (there is nothing to join, so nothing is arranged);
-2. every binding a data pattern over a cardinality-one attribute: ``binary`` (each join
-   step keeps at most one value per entity, so intermediate results never outgrow the
-   inputs, and join-at-a-time plans are the cheapest on Spark: thesis figure 8b);
-3. the bindings form a cyclic hypergraph over their variables (for example triangles):
-   ``wco``, whose extensions stay within the worst-case output bound whatever the skew;
-4. otherwise (acyclic): ``delta``; each stage of an acyclic join has one extender, so
-   counting would buy nothing.
+1. the body of a recursive rule: ``binary``; it is re-evaluated in every iteration of
+   its fixpoint, so it is joined at a time and arranges nothing (``explain`` shows it
+   within the fixpoint, not among the conjunctions);
+2. ``binary`` requested: ``binary``;
+3. an ``or`` that reads outer bindings (its branches need variables bound by the clauses
+   before it): ``binary``, which evaluates the ``or`` on the prefix joined so far;
+4. a call of a recursive rule with an argument bound by an earlier clause: ``binary``;
+   its goal-directed evaluation (magic sets) is seeded by the join-at-a-time prefix;
+5. ``delta`` or ``wco`` requested: ``binary`` for a single binding without negation
+   (there is nothing to join), else the requested strategy;
+6. ``auto`` with at most one binding: ``binary`` (nothing to join, so nothing is arranged);
+7. ``auto`` where every binding is a data pattern over a cardinality-one attribute (no
+   inputs, no negation): ``binary``; each join step keeps at most one value per entity,
+   so intermediate results never outgrow the inputs, and join-at-a-time plans are the
+   cheapest on Spark (thesis figure 8b);
+8. ``auto`` where the bindings form a cyclic hypergraph over their variables (for example
+   triangles): ``wco``, whose extensions stay within the worst-case output bound whatever
+   the skew;
+9. otherwise (``auto``, acyclic): ``delta``; each stage of an acyclic join has one
+   extender, so counting would buy nothing.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Collection, Sequence
 
-__all__ = ["STRATEGIES", "choose", "is_acyclic"]
+from factflow.errors import QueryError
 
-STRATEGIES = ("auto", "binary", "delta", "wco")
+__all__ = ["STRATEGIES", "ConjunctionSummary", "Strategy", "choose", "is_acyclic", "requested_strategy"]
 
 
-def is_acyclic(edges: Sequence[set[str]]) -> bool:
+class Strategy(StrEnum):
+    """A join strategy (its value is what ``Engine.query(join=...)`` takes)."""
+
+    AUTO = "auto"
+    BINARY = "binary"
+    DELTA = "delta"
+    WCO = "wco"
+
+
+STRATEGIES = tuple(s.value for s in Strategy)
+
+
+def requested_strategy(join: str) -> Strategy:
+    """The strategy ``join`` names (QueryError listing the known ones otherwise)."""
+    if join not in STRATEGIES:
+        raise QueryError(f"unknown join strategy {join!r}; use one of {', '.join(STRATEGIES)}")
+    return Strategy(join)
+
+
+@dataclass(frozen=True)
+class ConjunctionSummary:
+    """What the strategy decision reads about one conjunction."""
+
+    requested: Strategy
+    """The strategy the query asked for."""
+    edges: tuple[frozenset[str], ...]
+    """The variables of each binding (inputs first, then clauses in order)."""
+    cardinality_one: bool
+    """Whether every binding clause is a data pattern over a cardinality-one attribute."""
+    recursive: bool = False
+    """Whether this is the body of a recursive rule (planned inside its fixpoint)."""
+    seeded_or: str | None = None
+    """The first ``or`` that reads outer bindings, as text."""
+    seeded_goal: str | None = None
+    """The first call of a recursive rule with an argument bound by an earlier clause, as text."""
+    negations: int = 0
+    """The number of ``not`` clauses."""
+    sources: int = 0
+    """The number of input relations (``:in`` bindings, seeds of nested clause groups)."""
+
+
+def is_acyclic(edges: Sequence[Collection[str]]) -> bool:
     """Whether the hypergraph with these edges (sets of variables) is alpha-acyclic (GYO reduction)."""
     work = [set(e) for e in edges if e]
     changed = True
@@ -57,14 +116,25 @@ def is_acyclic(edges: Sequence[set[str]]) -> bool:
     return not work
 
 
-def choose(requested: str, edges: Sequence[set[str]], all_cardinality_one: bool) -> tuple[str, str]:
-    """The strategy for a conjunction with binding variable sets ``edges``, and why."""
-    if requested != "auto":
-        return requested, "requested"
-    if len(edges) <= 1:
-        return "binary", "auto: a single binding"
-    if all_cardinality_one:
-        return "binary", "auto: every binding is a cardinality-one attribute"
-    if not is_acyclic(edges):
-        return "wco", "auto: cyclic join"
-    return "delta", "auto: acyclic join"
+def choose(summary: ConjunctionSummary) -> tuple[Strategy, str]:
+    """The strategy for the conjunction ``summary`` describes, and why (the module's policy)."""
+    if summary.recursive:
+        return Strategy.BINARY, "body of a recursive rule"
+    if summary.requested == Strategy.BINARY:
+        return Strategy.BINARY, "requested"
+    if summary.seeded_or is not None:
+        return Strategy.BINARY, f"{summary.seeded_or} reads outer bindings"
+    if summary.seeded_goal is not None:
+        return Strategy.BINARY, f"goal-directed {summary.seeded_goal} is seeded by the clauses before it"
+    single = len(summary.edges) <= 1
+    if summary.requested != Strategy.AUTO:
+        if single and not summary.negations:
+            return Strategy.BINARY, "a single binding"
+        return summary.requested, "requested"
+    if single:
+        return Strategy.BINARY, "auto: a single binding"
+    if summary.cardinality_one and not summary.sources and not summary.negations:
+        return Strategy.BINARY, "auto: every binding is a cardinality-one attribute"
+    if not is_acyclic(summary.edges):
+        return Strategy.WCO, "auto: cyclic join"
+    return Strategy.DELTA, "auto: acyclic join"

@@ -22,9 +22,9 @@ from factflow.planner.conjunction import Scope, pattern_kinds, plan_conjunction
 from factflow.planner.context import PlanContext
 from factflow.planner.relations import binding_rows, static_relation
 from factflow.planner.shared import SharedRule
-from factflow.planner.strategy import STRATEGIES
+from factflow.planner.strategy import requested_strategy
 
-__all__ = ["Dataflow", "synthesize", "STRATEGIES"]
+__all__ = ["Dataflow", "synthesize"]
 
 
 class Dataflow:
@@ -161,13 +161,11 @@ def _unique_derivations(query: Query, pc: PlanContext, output: list[Var]) -> boo
 
 def synthesize(query: Query, inputs: Sequence[Any], pc: PlanContext, join: str) -> Dataflow:
     """Build the dataflow of ``query`` as of ``pc.epoch`` with join strategy ``join``."""
-    if join not in STRATEGIES:
-        raise QueryError(f"unknown join strategy {join!r}; use one of {', '.join(STRATEGIES)}")
-    pc.strategy = join
+    pc.strategy = requested_strategy(join)
     scope = Scope(pc)
     sources = _bind_inputs(query, inputs, scope, pc)
     root = plan_conjunction(query.where, sources, scope, pc)
-    strategy = next((s for label, s, _ in pc.strategies if label == "query" and s), "binary")
+    strategy = pc.strategy_of("query")
     find_vars = [e.var for e in query.find.elements if isinstance(e, FindVar)]
     if len(set(find_vars)) != len(find_vars):
         raise QueryError(":find names a variable twice")

@@ -39,11 +39,11 @@ from factflow.arrangement.trace import TraceHandle
 from factflow.dataflow import zset
 from factflow.dataflow.context import EpochContext, Version
 from factflow.dataflow.lookup import TRACE_DIFF, probe
-from factflow.dataflow.nodes import Columns, Node, Scan
+from factflow.dataflow.nodes import Columns, Node, Scan, Static
 from factflow.dataflow.zset import ident
 from factflow.model.types import Kind
 
-__all__ = ["CountIndex", "Extender", "Lookup", "Extend", "Apply", "Exclude", "Pipeline", "DeltaJoin", "Shape"]
+__all__ = ["selective", "CountIndex", "Extender", "Lookup", "Extend", "Apply", "Exclude", "Pipeline", "DeltaJoin", "Shape"]
 
 _COUNT = "_n"
 _WINNER = "_w"
@@ -159,6 +159,12 @@ class Pipeline:
     order: list[str] = field(default_factory=list)  # the variables in the order the pipeline binds them
 
 
+def selective(node: Node) -> bool:
+    """Whether a binding is known to be small: query inputs, or a pattern whose constant
+    binds its index key (a pipeline started from it looks up few keys at every stage)."""
+    return isinstance(node, Static) or isinstance(node, Scan) and node.selective
+
+
 class DeltaJoin(Node):
     """The join of a conjunction's bindings by delta pipelines (see the module docs).
 
@@ -200,8 +206,8 @@ class DeltaJoin(Node):
         return cx.define(zset.union(parts, self.names)) if parts else None
 
     def _read(self, cx, version):
-        if cx.install and isinstance(self.reader.source, Scan) and self.reader.source.selective:
-            cx = cx.child(probes=True)  # a constant-bound start: every stage looks up few keys
+        if cx.install and selective(self.reader.source):
+            cx = cx.child(probes=True)  # a small start (inputs, a constant key): every stage looks up few keys
         start = self.reader.source.read(cx, version)
         return self._run(cx, self.reader, start, lambda position: version)
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from factflow.dataflow.delta import (
-    Apply, CountIndex, DeltaJoin, Exclude, Extend, Extender, Lookup, Pipeline, Shape,
+    Apply, CountIndex, DeltaJoin, Exclude, Extend, Extender, Lookup, Pipeline, Shape, selective,
 )
 from factflow.dataflow.nodes import Filter, Node, Project, Scan, Static
 from factflow.errors import QueryError
@@ -185,7 +185,10 @@ class _DeltaConjunction(_Conjunction):
             pipelines.append(pipeline)
             for name, kind in bound.items():
                 columns.setdefault(name, kind)
-        reader = next(p for p in pipelines if not p.negated)
+        positive = [p for p in pipelines if not p.negated]
+        # the whole join (installs) is read from the query's inputs or a constant-bound
+        # pattern when there is one: every stage after it then looks up few keys
+        reader = next((p for p in positive if selective(p.source)), positive[0])
         return DeltaJoin(tuple(columns.items()), [p for p in pipelines if _can_change(p.source)], reader, strategy)
 
     def pipeline(self, strategy: Strategy, source: _Binding, kinds: dict[str, Kind]) -> tuple[Pipeline, dict[str, Kind]]:

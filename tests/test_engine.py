@@ -181,7 +181,7 @@ def test_a_frame_keeps_its_epoch_while_later_epochs_merge(spark):
             frame = q.frame()
             for k in range(4):
                 db.transact([add(100 + 10 * k + i, ":e", 1) for i in range(10)])
-            assert q.dataflow.result.handle.trace.merges > 0
+            assert q.dataflow.result.writer.merges > 0
             q.close()
             assert {(r.a, r.b): r._diff for r in frame.collect()} == {(i, i + 1): 1 for i in range(10)}
         finally:

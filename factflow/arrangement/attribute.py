@@ -110,6 +110,8 @@ class AttributeArrangement:
             batch = trace.materialize(consolidated, 0, forward.upper)
             if batch.rows:
                 trace.batches.append(batch)
+                if self.policy.directory is not None:
+                    trace.index_stored()
         trace.since = max(forward.since, as_of)
         return trace
 

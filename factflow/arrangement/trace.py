@@ -57,39 +57,63 @@ class MergePolicy:
 
 
 class TraceHandle:
-    """A reader's hold on a trace: it may read as of any epoch at or after its frontier."""
+    """A reader's hold on a trace: it may read as of any epoch at or after its frontier.
+
+    Handles are how operators see state: they read, probe and inspect, never append or
+    merge (the trace itself, the writer, belongs to the engine's evaluation and
+    maintenance)."""
 
     def __init__(self, trace: "Trace", frontier: int, owner: str):
-        self.trace = trace
+        self._trace = trace
         self.frontier = frontier
         self.owner = owner
         self.live = True
 
+    @property
+    def name(self) -> str:
+        """The trace's name."""
+        return self._trace.name
+
     def read(self, as_of: int) -> str:
         """SQL relation of the trace's updates accumulated as of ``as_of`` (not consolidated)."""
-        self._check()
-        if as_of < self.frontier:
-            raise FactflowError(f"{self.owner} cannot read {self.trace.name} as of {as_of}: its frontier is {self.frontier}")
-        return self.trace.read(as_of)
+        self._check(as_of)
+        return self._trace.read(as_of)
 
     def probe_sources(self, as_of: int) -> tuple[list[str], list[pa.Table]] | None:
         """What a probe as of ``as_of`` reads: the index files of stored batches and the
         Arrow rows of local ones; None when the trace holds no stored batch (a SQL join
         over its local batches is then cheaper) or cannot be probed."""
+        self._check(as_of)
+        return self._trace.probe_sources(as_of)
+
+    def changes(self, epoch: int) -> list[str]:
+        """SQL relations of the batches holding exactly the updates of ``epoch``."""
         self._check()
-        if as_of < self.frontier:
-            raise FactflowError(f"{self.owner} cannot read {self.trace.name} as of {as_of}: its frontier is {self.frontier}")
-        return self.trace.probe_sources(as_of)
+        return [b.source for b in self._trace.batches_between(epoch, epoch + 1)]
+
+    def empty(self) -> str:
+        """SQL relation with the trace's columns and no rows."""
+        return self._trace.empty()
 
     @property
     def key(self) -> tuple[str, ...]:
         """The columns the trace is keyed (and probed) by."""
-        return self.trace.layout.key or tuple(self.trace.layout.names)
+        return self._trace.layout.key or tuple(self._trace.layout.names)
 
     @property
     def layout(self) -> Layout:
         """The trace's column layout."""
-        return self.trace.layout
+        return self._trace.layout
+
+    @property
+    def tuples(self) -> int:
+        """Update rows the trace holds (exact)."""
+        return self._trace.tuples
+
+    @property
+    def stored(self) -> bool:
+        """Whether some of the trace's batches are held in Spark rather than on the driver."""
+        return any(not b.is_local for b in self._trace.batches)
 
     def advance(self, frontier: int) -> None:
         """Promise never to read before ``frontier`` again, allowing compaction."""
@@ -101,11 +125,14 @@ class TraceHandle:
         """Give up this handle; the trace may then compact past its frontier."""
         if self.live:
             self.live = False
-            self.trace._handles.discard(self)
+            self._trace._handles.discard(self)
 
-    def _check(self) -> None:
+    def _check(self, as_of: int | None = None) -> None:
         if not self.live:
-            raise FactflowError(f"the handle of {self.owner} on {self.trace.name} was released")
+            raise FactflowError(f"the handle of {self.owner} on {self._trace.name} was released")
+        if as_of is not None and as_of < self.frontier:
+            raise FactflowError(f"{self.owner} cannot read {self._trace.name} as of {as_of}: "
+                                f"its frontier is {self.frontier}")
 
 
 class Trace:

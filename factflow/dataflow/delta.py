@@ -39,7 +39,7 @@ from factflow.arrangement.trace import TraceHandle
 from factflow.dataflow import zset
 from factflow.dataflow.context import EpochContext, Version
 from factflow.dataflow.lookup import TRACE_DIFF, probe
-from factflow.dataflow.nodes import Columns, Node, Scan, Static
+from factflow.dataflow.nodes import Columns, Node, Scan, Stateful, Static
 from factflow.dataflow.zset import ident
 from factflow.model.types import Kind
 
@@ -72,7 +72,7 @@ class CountIndex:
     def counts(self, cx: EpochContext, version: Version, prefix: str) -> str:
         """SQL of ``(column, _n)`` as of ``version``, for the keys of ``prefix`` only."""
         if version is Version.OLD and cx.install:
-            relation = self.handle.trace.empty()
+            relation = self.handle.empty()
         else:
             as_of = cx.old_epoch if version is Version.OLD else cx.epoch
             keys = f"(SELECT {ident(self.column)}, CAST(1 AS BIGINT) AS {ident(DIFF)} FROM {prefix})"
@@ -224,6 +224,8 @@ class DeltaJoin(Node):
             elif isinstance(stage, Apply):
                 relation = cx.define(stage.op.apply(relation))
                 columns = list(stage.op.columns)
+            elif isinstance(stage.relation, Stateful):
+                relation = stage.relation.without(cx, version_of(stage.position), relation, columns, stage.on)
             else:
                 negated = stage.relation.read(cx, version_of(stage.position))
                 relation = cx.define(zset.semijoin(relation, negated, stage.on, anti=True))

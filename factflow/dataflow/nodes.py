@@ -135,11 +135,6 @@ class Scan(Node):
             cols.append((v_col, value_kind))
         self.columns = tuple(cols)
 
-    @property
-    def trace(self) -> Trace:
-        """The shared trace this scan reads."""
-        return self.handle.trace
-
     def _shape(self, cx: EpochContext, relation: str) -> str:
         conditions = []
         if self.e_const is not None:
@@ -160,16 +155,16 @@ class Scan(Node):
     def _delta(self, cx):
         if cx.install:
             return self._shape(cx, self.handle.read(cx.epoch))
-        batches = self.trace.batches_between(cx.epoch, cx.epoch + 1)
+        batches = self.handle.changes(cx.epoch)
         if not batches:
             return None
         if len(batches) == 1:
-            return self._shape(cx, batches[0].source)
-        return self._shape(cx, "(" + " UNION ALL ".join(f"SELECT * FROM {b.source}" for b in batches) + ")")
+            return self._shape(cx, batches[0])
+        return self._shape(cx, "(" + " UNION ALL ".join(f"SELECT * FROM {b}" for b in batches) + ")")
 
     def _read(self, cx, version):
         if version is Version.OLD and cx.install:
-            return self._shape(cx, self.trace.empty())
+            return self._shape(cx, self.handle.empty())
         as_of = _as_of(cx, version)
         return self._shape(cx, self.keyed_read(cx, as_of) or self.handle.read(as_of))
 
@@ -385,8 +380,7 @@ class AntiJoin(Node):
         parts = []
         dl = self.left.delta(cx)
         if dl is not None:
-            kept = zset.semijoin(dl, self.negated.read(cx, Version.NEW), self.on, anti=True)
-            parts.append(cx.define(kept))
+            parts.append(self._kept(cx, dl))
         dn = self.negated.delta(cx)
         if dn is not None:
             flipped = cx.define(zset.select(dn, self.on, diff=f"-{ident(DIFF)}"))
@@ -396,6 +390,12 @@ class AntiJoin(Node):
         if not parts:
             return None
         return cx.define(zset.union(parts, self.names))
+
+    def _kept(self, cx: EpochContext, dl: str) -> str:
+        """The left change's rows whose key is not in the negated set as of NEW."""
+        if isinstance(self.negated, Stateful):
+            return self.negated.without(cx, Version.NEW, dl, self.left.columns, self.on)
+        return cx.define(zset.semijoin(dl, self.negated.read(cx, Version.NEW), self.on, anti=True))
 
     def _read(self, cx, version):
         kept = zset.semijoin(self.left.read(cx, version), self.negated.read(cx, version), self.on, anti=True)
@@ -430,13 +430,14 @@ class Stateful(Node):
     """An operator that keeps its input in a private trace, updated once per epoch.
 
     ``pending(cx)`` is the relation the engine collects (consolidated changes to the
-    trace, plus an ``_out`` column for operators whose output differs from their state),
-    and the engine appends what it collected to ``trace``.
+    trace, plus an ``_out`` column for operators whose output differs from their state).
+    The operator reads its state through ``handle`` only; ``writer`` is the trace itself,
+    which only the engine's evaluation appends what it collected to.
     """
 
     def __init__(self, child: Node, trace: Trace, owner: str, role: str = "intermediate"):
         self.child = child
-        self.trace = trace
+        self.writer = trace
         self.role = role
         self.columns = child.columns
         self.handle = trace.handle(trace.upper - 1, owner)
@@ -483,6 +484,17 @@ class Stateful(Node):
         return probe(cx, self.handle, frame, frame_columns, [(c, c) for c in on], values, cx.old_epoch,
                      how=how, present=present)
 
+    def without(self, cx: EpochContext, version: Version, frame: str, frame_columns: Columns,
+                on: Sequence[str]) -> str:
+        """The rows of ``frame`` whose ``on`` columns are not in this collection as of
+        ``version``: probed by key when that state is the trace's (as of OLD, or NEW when
+        nothing changed in this epoch; see :mod:`.lookup`), else an anti-join."""
+        unchanged = version is Version.OLD or self.state_delta(cx) is None
+        probed = self.probe_old(cx, frame, frame_columns, on, how="left", present=True) if unchanged else None
+        if probed is not None:
+            return cx.define(f"{zset.select(probed, [n for n, _ in frame_columns])} WHERE {ident(TRACE_DIFF)} = 0")
+        return cx.define(zset.semijoin(frame, self.read(cx, version), on, anti=True))
+
 
 class Arranged(Stateful):
     """An intermediate collection arranged privately (join-at-a-time plans)."""
@@ -506,7 +518,7 @@ class Arranged(Stateful):
         return parts[0] if len(parts) == 1 else cx.define(zset.union(parts, names))
 
     def describe(self):
-        return f"Arrange privately by {', '.join(self.trace.layout.key) or '(all)'}"
+        return f"Arrange privately by {', '.join(self.handle.layout.key) or '(all)'}"
 
 
 def _set_change(old_count: str, diff: str) -> str:
@@ -576,4 +588,4 @@ class Distinct(Stateful):
             cx.set(self, what, relation)
 
     def describe(self):
-        return f"Distinct (derivation counts in {self.trace.name})"
+        return f"Distinct (derivation counts in {self.handle.name})"

@@ -109,7 +109,7 @@ class Fixpoint(Node):
         self.goal = goal
         self.refs = refs
         self.bodies = bodies
-        self.traces = traces
+        self.writers = traces  # appended to by the engine's evaluation only
         self.handles = {name: trace.handle(trace.upper - 1, owner) for name, trace in traces.items()}
         self.columns = ()
         self.outputs: dict[str, RuleOutput] = {name: RuleOutput(self, name) for name in rules}
@@ -243,7 +243,7 @@ class Fixpoint(Node):
             for r in rules:
                 self._bind(sub, self.refs[r], old[r], None, old[r])
             frontier = self._collect(sub, self._lost(sub, old), {}, store, f"{label}: overdelete")
-            held = sum(trace.tuples for trace in self.traces.values())
+            held = sum(handle.tuples for handle in self.handles.values())
             overdeleted = 0
             iterations = 0
             while frontier:

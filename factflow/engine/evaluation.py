@@ -53,7 +53,7 @@ def _stateful_inputs(node: Node) -> list[Node]:
 
 def _touches_stored_state(node: Stateful) -> bool:
     """Whether computing ``node``'s input change reads a batch held in Spark (not on the driver)."""
-    return any(any(not b.is_local for b in n.trace.batches)
+    return any(n.handle.stored
                for n in node.reachable() if isinstance(n, (Scan, Stateful)))
 
 
@@ -123,7 +123,7 @@ class Evaluation:
             for stored in self._stored:
                 release_checkpoint(stored)
         for node in nodes:
-            for trace in (node.traces.values() if isinstance(node, Fixpoint) else [node.trace]):
+            for trace in (node.writers.values() if isinstance(node, Fixpoint) else [node.writer]):
                 trace.advance_upper(self.cx.epoch + 1)
         return outputs
 
@@ -136,7 +136,7 @@ class Evaluation:
             view, rows = collected.get(rule, (None, 0))
             change = view if rows else None
             if change is not None:
-                node.traces[rule].append_pandas(self._local[view], self.cx.epoch)
+                node.writers[rule].append_pandas(self._local[view], self.cx.epoch)
             output.publish(self.cx, change)
 
     def collect(self, cx: EpochContext, relations: dict[str, tuple[str, Columns]],
@@ -191,7 +191,7 @@ class Evaluation:
                 self._views.append(view)
                 cx.set(node, "state", f"(SELECT /*+ COALESCE(1) */ * FROM {view})")
             else:
-                node.trace.append_pandas(frame[node.names + [DIFF]], cx.epoch)
+                node.writer.append_pandas(frame[node.names + [DIFF]], cx.epoch)
                 outputs[node] = frame
 
     # ------------------------------------------------------------ bulk epochs and installs: keep in Spark
@@ -202,8 +202,8 @@ class Evaluation:
             relation = node.state_delta(cx) if step == STATE else node.pending(cx)
             if relation is None:
                 continue
-            frame = node.trace._organize(self.spark.sql(cx.statement(f"SELECT * FROM {relation}")))
-            sc.setJobDescription(f"{label}: {node.trace.name} ({step})")
+            frame = node.writer._organize(self.spark.sql(cx.statement(f"SELECT * FROM {relation}")))
+            sc.setJobDescription(f"{label}: {node.writer.name} ({step})")
             stored, rows = checkpoint(frame)
             view = register_view(stored, prefix="ff_p")
             self._views.append(view)
@@ -212,11 +212,11 @@ class Evaluation:
                 self._stored.append(stored)
                 continue
             node.adopt(cx, view)
-            batch = node.trace.append_stored(stored.select(*node.names, DIFF), rows, cx.epoch, stored)
+            batch = node.writer.append_stored(stored.select(*node.names, DIFF), rows, cx.epoch, stored)
             if batch is None or batch.is_local:
                 self._stored.append(stored)
             if node in subscribed:
-                sc.setJobDescription(f"{label}: output of {node.trace.name}")
+                sc.setJobDescription(f"{label}: output of {node.writer.name}")
                 outputs[node] = stored.toArrow().to_pandas()
 
 

@@ -113,7 +113,7 @@ class Query:
         renamed = [f"{ident(col)} AS {ident(_frame_column(v))}" for v, col in self.dataflow.find]
         with self._lock:
             frame = self._engine.spark.sql(f"SELECT {', '.join(renamed + [ident(DIFF)])} FROM ({self._current_sql()})")
-            if any(not batch.is_local for batch in self.dataflow.result.handle.trace.batches):
+            if self.dataflow.result.handle.stored:
                 self._engine.spark.sparkContext.setJobDescription(f"frame of {self.name}")
                 frame = frame.localCheckpoint(eager=True)
         return frame

@@ -30,7 +30,7 @@ from pyspark.sql import types as T
 
 from factflow import edn
 from factflow.arrangement.batch import DIFF
-from factflow.errors import EdnSyntaxError, SchemaError, TransactionError, UnknownAttributeError
+from factflow.errors import EdnSyntaxError, TransactionError, UnknownAttributeError
 from factflow.model.schema import Attribute, Schema
 from factflow.dataflow.statement import Statement
 from factflow.model.types import Kind, coerce_value, python_type_name, spark_type, sql_type
@@ -66,7 +66,7 @@ def prepare(tx: Any, schema: Schema, spark: SparkSession, local_limit: int) -> P
         try:
             tx = edn.read(tx)
         except EdnSyntaxError as exc:
-            raise TransactionError(f"malformed transaction EDN: {exc}") from None
+            raise TransactionError(f"malformed transaction EDN: {exc}") from exc
     if isinstance(tx, DataFrame):
         if tx.limit(local_limit + 1).count() <= local_limit:  # a small epoch: take the driver path
             spark.sparkContext.setJobDescription("fetch a small transaction DataFrame")
@@ -112,7 +112,7 @@ def _from_ops(ops: Iterable, schema: Schema, spark: SparkSession, local_limit: i
         try:
             attribute = schema.get(a)
         except UnknownAttributeError as exc:
-            raise UnknownAttributeError(f"{where}: {exc}") from None
+            raise TransactionError(f"{where}: {exc}") from exc
         ok, value = coerce_value(v, attribute.value_type)
         if not ok:
             raise TransactionError(
@@ -153,8 +153,8 @@ def _from_pandas(tx: pd.DataFrame, schema: Schema, spark: SparkSession, local_li
     for name in pd.unique(names):
         try:
             attributes[name] = schema.get(name)
-        except (UnknownAttributeError, SchemaError) as exc:
-            raise UnknownAttributeError(f"transaction DataFrame: {exc}") from None
+        except UnknownAttributeError as exc:
+            raise TransactionError(f"transaction DataFrame: {exc}") from exc
     if tx["e"].isna().any():
         raise TransactionError("transaction DataFrame: column e has missing entity ids")
     try:
@@ -224,8 +224,8 @@ def _from_spark(tx: DataFrame, schema: Schema, spark: SparkSession) -> PreparedT
             raise TransactionError("transaction DataFrame: column a has missing attribute names")
         try:
             attributes.append(schema.get(name))
-        except (UnknownAttributeError, SchemaError) as exc:
-            raise UnknownAttributeError(f"transaction DataFrame: {exc}") from None
+        except UnknownAttributeError as exc:
+            raise TransactionError(f"transaction DataFrame: {exc}") from exc
     added = F.col("added") if "added" in tx.columns else F.lit(True)
     name_col = F.col("a").cast("string")
     a_id = reduce(lambda acc, at: acc.when(name_col == str(at.name), F.lit(at.id)),

@@ -354,3 +354,34 @@ def test_aggregate_errors_name_the_aggregate(people):
         people.query("[:find (max 0 ?a) :where [_ :person/age ?a]]")
     with pytest.raises(QueryError, match="rand"):
         people.query("[:find (rand 2 ?a) :where [_ :person/age ?a]]")
+
+
+def test_an_engine_works_on_a_session_with_arrow_off(spark):
+    """Spark's default (Arrow transfers off) must not change what an engine accepts or answers."""
+    from factflow import Engine
+
+    key = "spark.sql.execution.arrow.pyspark.enabled"
+    previous = spark.conf.get(key)
+    spark.conf.set(key, "false")
+    try:
+        with Engine(spark=spark) as db:
+            for name, kind, semantics in ((":m/n", "long", "set"), (":m/x", "double", "one"),
+                                          (":m/s", "string", "one"), (":m/ok", "boolean", "set"),
+                                          (":m/when", "instant", "one"), (":m/ref", "ref", "set")):
+                db.create_attribute(name, type=kind, semantics=semantics)
+            when = dt.datetime(2021, 3, 4, 5, 6, 7, 890123, tzinfo=dt.timezone.utc)
+            q = db.query("[:find ?e ?n ?x ?s ?ok ?w ?r :in $ ?lo [?ok ...] [[?e ?w]] :where [?e :m/n ?n] [(>= ?n ?lo)] "
+                         "[?e :m/x ?x] [?e :m/s ?s] [?e :m/ok ?ok] [?e :m/when ?w] [?e :m/ref ?r]]",
+                         inputs=(2, [True, False], [(1, when), (2, when)]))
+            db.transact([add(1, ":m/n", 5), add(1, ":m/x", 1.5), add(1, ":m/s", "a"), add(1, ":m/ok", True),
+                         add(1, ":m/when", when), add(1, ":m/ref", 2)])
+            db.transact(pd.DataFrame({"e": [2] * 6, "a": [":m/n", ":m/x", ":m/s", ":m/ok", ":m/when", ":m/ref"],
+                                      "v": [7, 2.5, "b", False, when, 1]}))
+            db.transact(pd.DataFrame({"e": [1, 3], "a": [":m/ok", ":m/ok"], "v": [True, True], "added": [False, True]}))
+            db.transact(spark.createDataFrame([(1, ":m/ok", False)], "e long, a string, v boolean"))
+            assert q.results() == {(1, 5, 1.5, "a", False, when, 2): 1, (2, 7, 2.5, "b", False, when, 1): 1}
+            assert db.query("[:find ?e :where [?e :m/ok true]]").results() == {(3,): 1}
+            db.transact(pd.DataFrame({"e": [], "a": [], "v": []}))  # empty frames too
+            assert db.query("[:find ?e :in $ [?e ...] :where [?e :m/n _]]", inputs=([],)).results() == {}
+    finally:
+        spark.conf.set(key, previous)

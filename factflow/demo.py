@@ -14,7 +14,10 @@ import argparse
 import sys
 import time
 
+from pyspark.sql import SparkSession
+
 from factflow.engine.engine import Engine
+from factflow.errors import FactflowError
 from factflow.io.ldbc import find_ldbc, load_ldbc
 
 __all__ = ["run_demo", "main"]
@@ -34,15 +37,18 @@ QUERIES = [
     ("neighbours", "friends who live in the same city",
      "[:find ?x ?y ?city :where [?x :person/knows ?y] (lives-in ?x ?city) (lives-in ?y ?city)]", ()),
 ]
+CITY = "[:find ?c . :in $ ?name :where [?c :place/name ?name] [?c :place/type \"city\"]]"
+FIRST_NAMES = "[:find ?p ?name :in $ [?p ...] :where [?p :person/firstName ?name]]"
 
 
-def _stream(first_id: int) -> list[tuple[str, list]]:
+def _stream(first_id: int, berlin: int) -> list[tuple[str, list]]:
     a, b, c = first_id, first_id + 1, first_id + 2
     return [
         ("three new people arrive in Berlin", [
             *[[":db/add", p, ":person/firstName", n] for p, n in ((a, "Ada"), (b, "Bo"), (c, "Cy"))],
             *[[":db/add", p, ":person/lastName", "Newcomer"] for p in (a, b, c)],
             *[[":db/add", p, ":person/browserUsed", "Firefox"] for p in (a, b, c)],
+            *[[":db/add", p, ":person/place", berlin] for p in (a, b, c)],
         ]),
         ("they become friends, closing a triangle", [
             [":db/add", a, ":person/knows", b], [":db/add", b, ":person/knows", c], [":db/add", c, ":person/knows", a],
@@ -56,18 +62,40 @@ def _stream(first_id: int) -> list[tuple[str, list]]:
     ]
 
 
-def _show(row: tuple) -> str:
-    return "(" + ", ".join(str(x) for x in row) + ")"
+def _city(db: Engine, name: str) -> int:
+    """The entity id of the city called ``name`` in the loaded data."""
+    lookup = db.query(CITY, name="city", inputs=(name,))
+    city = lookup.results()
+    lookup.close()
+    if city is None:
+        raise FactflowError(f"the loaded LDBC data has no city named {name}")
+    return city
 
 
-def run_demo(data: str | None = None, master: str | None = None, out=sys.stdout) -> Engine:
-    """Run the demo, printing to ``out``; returns the (still open) engine."""
+def _first_names(db: Engine, rows: list[tuple]) -> dict[int, str]:
+    """The first names of the persons among the values of ``rows``, by a query for just those ids."""
+    ids = sorted({x for row in rows for x in row if type(x) is int})
+    if not ids:
+        return {}
+    lookup = db.query(FIRST_NAMES, name="first-names", inputs=(ids,))
+    names = {person: name for person, name in lookup.results()}
+    lookup.close()
+    return names
+
+
+def _show(row: tuple, names: dict[int, str]) -> str:
+    return "(" + ", ".join(str(names.get(x, x)) for x in row) + ")"
+
+
+def run_demo(data: str | None = None, master: str | None = None, out=sys.stdout,
+             spark: SparkSession | None = None) -> Engine:
+    """Run the demo, printing to ``out``, on ``spark`` or a new session; returns the (still open) engine."""
     def say(text: str = "") -> None:
         print(text, file=out, flush=True)
 
     say("factflow demo: a live social network on Spark")
     started = time.perf_counter()
-    db = Engine(master=master)
+    db = Engine(spark=spark, master=master)
     root = find_ldbc(data)
     say(f"loading LDBC SNB persons, knows and places from {root} ...")
     load_ldbc(db, root)
@@ -82,19 +110,18 @@ def run_demo(data: str | None = None, master: str | None = None, out=sys.stdout)
         queries[name] = q
         say(f"  installed {name}: {what}: {len(q.results())} rows ({time.perf_counter() - mark:.2f}s)")
 
-    def printer(name):
-        def show(epoch, changes):
-            for row, diff in sorted(changes, key=lambda c: (-c[1], repr(c[0]))):
-                say(f"    {name:17s} {'+' if diff > 0 else '-'}{abs(diff)} {_show(row)}")
-        return show
-
+    diffs: list[tuple[str, list]] = []  # (query, changes) of the current epoch
     for name, q in queries.items():
-        q.subscribe(printer(name))
-    first_id = 10**15
-    for title, tx in _stream(first_id):
+        q.subscribe(lambda epoch, changes, name=name: diffs.append((name, changes)))
+    for title, tx in _stream(10**15, _city(db, "Berlin")):
         say(f"epoch {db.epoch + 1}: {title}")
         db.transact(tx)
         report = db.epoch_log[-1]
+        names = _first_names(db, [row for _, changes in diffs for row, _ in changes])
+        for name, changes in diffs:
+            for row, diff in sorted(changes, key=lambda c: (-c[1], repr(c[0]))):
+                say(f"    {name:17s} {'+' if diff > 0 else '-'}{abs(diff)} {_show(row, names)}")
+        diffs.clear()
         say(f"    ({report.changes} changes, {len(report.jobs)} Spark jobs, {report.seconds:.2f}s)")
     stats = db.stats()
     say("state held in arrangements:")

@@ -1,7 +1,24 @@
 """factflow's exception types.
 
 Every error raised through the public API is a :class:`FactflowError`. Messages name the
-offending item (the clause, attribute, value or rule) so that the user can find it.
+offending item (the operation, clause, attribute, value, rule, line and column) so that
+the user can find it. The type says what was rejected::
+
+    FactflowError
+    ├── EdnSyntaxError          text is not EDN (from factflow.edn.read)
+    ├── SchemaError             create_attribute rejected a definition
+    │   └── UnknownAttributeError   a lookup by name found no attribute
+    ├── TransactionError        Engine.transact rejected the transaction
+    ├── QueryError              Engine.query rejected the query
+    │   └── RuleError           Engine.register rejected the rules, or a query calls a rule
+    │                           that is unknown or cannot be resolved
+    ├── ExecutionError          Spark failed while running an epoch (rolled back)
+    └── EngineClosedError       the engine or query was used after close()
+
+A rejected transaction always raises :class:`TransactionError` and a rejected query
+:class:`QueryError`, whatever the cause: when the cause is another factflow error (an
+:class:`EdnSyntaxError` for malformed text, an :class:`UnknownAttributeError` for an
+attribute never created) it is chained as ``__cause__`` and its message is repeated.
 """
 
 
@@ -24,15 +41,17 @@ class SchemaError(FactflowError):
 
 
 class UnknownAttributeError(SchemaError):
-    """A transaction or query names an attribute that was never created."""
+    """An attribute looked up by name was never created (in a transaction or query, the
+    cause of the TransactionError or QueryError raised)."""
 
 
 class TransactionError(FactflowError):
-    """A transaction was rejected; nothing of it was applied."""
+    """A transaction was rejected, for whatever reason; nothing of it was applied."""
 
 
 class QueryError(FactflowError):
-    """A query or rule is malformed, unsafe or uses the language incorrectly."""
+    """A query or rule was rejected: malformed text, unknown attributes, unsafe variables,
+    type errors or other misuse of the language; nothing of it was installed."""
 
 
 class RuleError(QueryError):
@@ -44,5 +63,5 @@ class EngineClosedError(FactflowError):
 
 
 class ExecutionError(FactflowError):
-    """Spark failed while running an epoch or an install; it was rolled back and the
-    engine stays usable. The Spark error is chained as ``__cause__``."""
+    """Spark failed while running an epoch; it was rolled back and the engine stays
+    usable. The Spark error is chained as ``__cause__``."""

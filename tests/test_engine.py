@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from factflow import (
-    EngineClosedError, QueryError, RuleError, SchemaError, TransactionError, UnknownAttributeError,
+    EdnSyntaxError, EngineClosedError, QueryError, RuleError, SchemaError, TransactionError, UnknownAttributeError,
 )
 
 
@@ -80,7 +80,7 @@ def test_rejected_transactions_change_nothing(people):
     epoch = people.epoch
     stats = people.stats()
     bad = [
-        ([add(2, ":person/nope", "x")], UnknownAttributeError, ":person/nope"),
+        ([add(2, ":person/nope", "x")], TransactionError, ":person/nope"),
         ([add(2, ":person/age", "old")], TransactionError, "not a valid long"),
         ([add(2, ":person/age", True)], TransactionError, "not a valid long"),
         ([add("x", ":person/age", 3)], TransactionError, "entity id"),
@@ -143,9 +143,27 @@ def test_bulk_input_from_pandas_and_spark(people, spark):
     with pytest.raises(TransactionError) as info:
         people.transact(spark.createDataFrame([(5, ":person/age", "x")], "e long, a string, v string"))
     assert "'x'" in str(info.value) and ":person/age" in str(info.value)  # names the value and attribute
-    with pytest.raises(UnknownAttributeError):
-        people.transact(pd.DataFrame({"e": [1], "a": [":nope/x"], "v": [1]}))
+    for frame in (pd.DataFrame({"e": [1], "a": [":nope/x"], "v": [1]}),
+                  spark.createDataFrame([(1, ":nope/x", 1)], "e long, a string, v long")):
+        with pytest.raises(TransactionError) as info:
+            people.transact(frame)
+        assert ":nope/x" in str(info.value) and isinstance(info.value.__cause__, UnknownAttributeError)
     assert q.results() == {(1, 31): 1, (3, 50): 1}
+
+
+def test_unknown_attributes_in_bulk_spark_input_reject_the_transaction(spark):
+    from factflow import Engine, EngineConfig
+
+    db = Engine(spark=spark, config=EngineConfig(local_limit=1))  # two rows: the bulk (Spark) path
+    try:
+        db.create_attribute(":person/age", type="long")
+        frame = spark.createDataFrame([(1, ":person/age", 1), (2, ":nope/x", 1)], "e long, a string, v long")
+        with pytest.raises(TransactionError) as info:
+            db.transact(frame)
+        assert ":nope/x" in str(info.value) and isinstance(info.value.__cause__, UnknownAttributeError)
+        assert db.epoch == 0
+    finally:
+        db.close()
 
 
 def test_spark_dataframes_take_the_small_or_the_bulk_path_by_size(spark):
@@ -205,18 +223,23 @@ def test_query_errors_name_the_problem_and_install_nothing(people):
     cases = [
         ("[:find ?x :where [?p :person/name ?n]]", QueryError, "?x"),
         ("[:find ?p :where [?p :person/age ?a] [(> ?b 3)]]", QueryError, "?b"),
-        ("[:find ?p :where [?p :person/nope ?a]]", UnknownAttributeError, ":person/nope"),
+        ("[:find ?p :where [?p :person/nope ?a]]", QueryError, ":person/nope"),
         ('[:find ?p :where [?p :person/age "old"]]', QueryError, "not a valid long"),
         ("[:find ?p :where [?p :person/age ?a] [(< ?a \"x\")]]", QueryError, "cannot compare"),
         ("[:find ?p :where [?p :person/name ?x] [?p :person/age ?x]]", QueryError, "?x"),
         ("[:find ?p :where (missing-rule ?p)]", RuleError, "missing-rule"),
-        ("[:find ?p :where [?p :person/name", Exception, "never closed"),
+        ("[:find ?p :where [?p :person/name", QueryError, "never closed"),
         ("[:find ?p :where [?p :person/age ?a] [(frobnicate ?a) ?b]]", QueryError, "frobnicate"),
     ]
     for text, error, fragment in cases:
         with pytest.raises(error) as info:
             people.query(text)
         assert fragment in str(info.value), str(info.value)
+    for text, cause in (("[:find ?p :where [?p :person/nope ?a]]", UnknownAttributeError),
+                        ("[:find ?p :where [?p :person/name", EdnSyntaxError)):
+        with pytest.raises(QueryError) as info:
+            people.query(text)
+        assert isinstance(info.value.__cause__, cause), repr(info.value.__cause__)
     assert people.queries == {}
     assert people.stats()["query_tuples"] == {}
 
@@ -255,6 +278,9 @@ def test_lazy_rules_resolved_at_interest(people):
     assert "?y" in str(info.value)
     with pytest.raises(RuleError):
         people.register("[[(named ?p ?n) [?p :person/age ?n]]]")
+    with pytest.raises(RuleError) as info:
+        people.register("[[(named ?p ?n) [?p :person/name ?n]]")
+    assert "line 1" in str(info.value) and isinstance(info.value.__cause__, EdnSyntaxError)
 
 
 def test_close_releases_handles_and_state(people):
@@ -433,3 +459,34 @@ def test_a_spark_failure_rolls_the_epoch_back_and_the_engine_goes_on(people, mon
     assert people.epoch == 1 and q.results() == {(1, "Ann"): 1}
     assert people.transact([add(2, ":person/name", "Bo")]) == 2
     assert q.results() == {(1, "Ann"): 1, (2, "Bo"): 1}
+
+
+def test_an_engine_works_on_a_session_with_arrow_off(spark):
+    """Spark's default (Arrow transfers off) must not change what an engine accepts or answers."""
+    from factflow import Engine
+
+    key = "spark.sql.execution.arrow.pyspark.enabled"
+    previous = spark.conf.get(key)
+    spark.conf.set(key, "false")
+    try:
+        with Engine(spark=spark) as db:
+            for name, kind, semantics in ((":m/n", "long", "set"), (":m/x", "double", "one"),
+                                          (":m/s", "string", "one"), (":m/ok", "boolean", "set"),
+                                          (":m/when", "instant", "one"), (":m/ref", "ref", "set")):
+                db.create_attribute(name, type=kind, semantics=semantics)
+            when = dt.datetime(2021, 3, 4, 5, 6, 7, 890123, tzinfo=dt.timezone.utc)
+            q = db.query("[:find ?e ?n ?x ?s ?ok ?w ?r :in $ ?lo [?ok ...] [[?e ?w]] :where [?e :m/n ?n] [(>= ?n ?lo)] "
+                         "[?e :m/x ?x] [?e :m/s ?s] [?e :m/ok ?ok] [?e :m/when ?w] [?e :m/ref ?r]]",
+                         inputs=(2, [True, False], [(1, when), (2, when)]))
+            db.transact([add(1, ":m/n", 5), add(1, ":m/x", 1.5), add(1, ":m/s", "a"), add(1, ":m/ok", True),
+                         add(1, ":m/when", when), add(1, ":m/ref", 2)])
+            db.transact(pd.DataFrame({"e": [2] * 6, "a": [":m/n", ":m/x", ":m/s", ":m/ok", ":m/when", ":m/ref"],
+                                      "v": [7, 2.5, "b", False, when, 1]}))
+            db.transact(pd.DataFrame({"e": [1, 3], "a": [":m/ok", ":m/ok"], "v": [True, True], "added": [False, True]}))
+            db.transact(spark.createDataFrame([(1, ":m/ok", False)], "e long, a string, v boolean"))
+            assert q.results() == {(1, 5, 1.5, "a", False, when, 2): 1, (2, 7, 2.5, "b", False, when, 1): 1}
+            assert db.query("[:find ?e :where [?e :m/ok true]]").results() == {(3,): 1}
+            db.transact(pd.DataFrame({"e": [], "a": [], "v": []}))  # empty frames too
+            assert db.query("[:find ?e :in $ [?e ...] :where [?e :m/n _]]", inputs=([],)).results() == {}
+    finally:
+        spark.conf.set(key, previous)

@@ -4,24 +4,32 @@ Engines created without a session share one (``getOrCreate``): :func:`acquire_se
 counts the engines on a session factflow started, and :func:`release_session` stops it
 with the last of them. A session factflow did not start (the caller's, or one made with
 :func:`create_session` directly) is used as it is and never stopped by factflow.
+
+A session factflow creates is quiet: Spark logs errors only (``FACTFLOW_SPARK_LOG=WARN``,
+``INFO``, ... shows more) through the log4j2 configuration shipped next to this module,
+and a local driver binds to 127.0.0.1 instead of warning that the hostname resolves to a
+loopback address. Settings the user gives (``conf``, ``SPARK_LOCAL_IP``) take precedence.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
 import subprocess
 import sys
 import threading
+from pathlib import Path
+from typing import Iterator
 
 from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
 from factflow.errors import FactflowError
 
-__all__ = ["DEFAULT_SPARK_CONF", "REQUIRED_SQL_CONF", "acquire_session", "check_java", "create_session",
-           "release_session"]
+__all__ = ["DEFAULT_SPARK_CONF", "REQUIRED_SQL_CONF", "LOG_LEVEL_VARIABLE", "acquire_session", "check_java",
+           "create_session", "release_session"]
 
 #: SQL settings every engine applies to its session, given or created. Constraint
 #: propagation is off because Spark 4.1 fails on it ("key not found" while rewriting a
@@ -58,6 +66,12 @@ DEFAULT_SPARK_CONF = {
 
 MIN_JAVA = 17
 
+#: The environment variable that sets Spark's log level in sessions factflow creates.
+LOG_LEVEL_VARIABLE = "FACTFLOW_SPARK_LOG"
+_LOG_LEVELS = ("OFF", "FATAL", "ERROR", "WARN", "INFO", "DEBUG", "TRACE", "ALL")
+_LOG_CONFIG = Path(__file__).resolve().with_name("log4j2.properties")
+_LOOPBACK = "127.0.0.1"
+
 
 def check_java() -> int:
     """Return the major version of the Java runtime Spark will use, or raise a clear error."""
@@ -86,18 +100,65 @@ def check_java() -> int:
 
 def create_session(master: str | None = None, app_name: str = "factflow",
                    conf: dict[str, str] | None = None, log_level: str = "ERROR") -> SparkSession:
-    """A SparkSession with factflow's defaults (``master`` defaults to ``local[*]``)."""
+    """A SparkSession with factflow's defaults (``master`` defaults to ``local[*]``).
+
+    Spark logs at ``log_level``, or at the level ``FACTFLOW_SPARK_LOG`` names when set.
+    """
     check_java()
     # Index probes run Python inside Spark tasks: the workers must use this interpreter
     # (with pyarrow and numpy), not whatever 'python3' is first on the PATH.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    builder = SparkSession.builder.appName(app_name).master(master or "local[*]")
-    for key, value in {**DEFAULT_SPARK_CONF, **(conf or {})}.items():
+    master = master or "local[*]"
+    level = _log_level(log_level)
+    quiet = _quiet_conf(master, conf or {}, level)
+    builder = SparkSession.builder.appName(app_name).master(master)
+    for key, value in {**DEFAULT_SPARK_CONF, **(conf or {}), **quiet}.items():
         builder = builder.config(key, value)
-    session = builder.getOrCreate()
-    session.sparkContext.setLogLevel(log_level)
+    with _local_ip(quiet.get("spark.driver.bindAddress")):
+        session = builder.getOrCreate()
+    session.sparkContext.setLogLevel(level)
     _quiet_query_context_loggers(session)
     return session
+
+
+def _log_level(default: str) -> str:
+    """Spark's log level: ``FACTFLOW_SPARK_LOG`` if set, else ``default``."""
+    level = (os.environ.get(LOG_LEVEL_VARIABLE) or default).strip().upper()
+    if level not in _LOG_LEVELS:
+        raise FactflowError(f"{LOG_LEVEL_VARIABLE}={level!r} is not a log level; use one of {', '.join(_LOG_LEVELS)}")
+    return level
+
+
+def _quiet_conf(master: str, conf: dict[str, str], level: str) -> dict[str, str]:
+    """Settings that keep a new session quiet, where the user configured nothing of the kind:
+    factflow's log4j2 configuration for the driver JVM (at ``level``), and for a local
+    master a driver bound to 127.0.0.1 (a hostname resolving to a loopback address makes
+    Spark warn and pick another interface)."""
+    quiet = {}
+    options = conf.get("spark.driver.extraJavaOptions", "")
+    own_logging = "log4j" in options or (
+        "SPARK_CONF_DIR" in os.environ and Path(os.environ["SPARK_CONF_DIR"], "log4j2.properties").exists())
+    if not own_logging:
+        ours = f"-Dlog4j2.configurationFile={_LOG_CONFIG.as_uri()} -Dfactflow.spark.log={level}"
+        quiet["spark.driver.extraJavaOptions"] = f"{options} {ours}".strip()
+    addressed = "SPARK_LOCAL_IP" in os.environ or {"spark.driver.host", "spark.driver.bindAddress"} & set(conf)
+    if master.startswith("local") and not addressed:
+        quiet["spark.driver.host"] = quiet["spark.driver.bindAddress"] = _LOOPBACK
+    return quiet
+
+
+@contextlib.contextmanager
+def _local_ip(address: str | None) -> Iterator[None]:
+    """``SPARK_LOCAL_IP`` set to ``address`` (if any) while the driver JVM starts: Spark looks
+    up the local address from it before it reads ``spark.driver.host``."""
+    if address is None:
+        yield
+        return
+    os.environ["SPARK_LOCAL_IP"] = address
+    try:
+        yield
+    finally:
+        del os.environ["SPARK_LOCAL_IP"]
 
 
 def _quiet_query_context_loggers(session: SparkSession) -> None:

@@ -30,7 +30,8 @@ from pyspark.sql import types as T
 
 from factflow import edn
 from factflow.arrangement.batch import DIFF
-from factflow.errors import EdnSyntaxError, SchemaError, TransactionError, UnknownAttributeError
+from factflow.errors import EdnSyntaxError, TransactionError, UnknownAttributeError
+from factflow.model.frames import spark_frame
 from factflow.model.schema import Attribute, Schema
 from factflow.dataflow.statement import Statement
 from factflow.model.types import Kind, coerce_value, python_type_name, spark_type, sql_type
@@ -66,7 +67,7 @@ def prepare(tx: Any, schema: Schema, spark: SparkSession, local_limit: int) -> P
         try:
             tx = edn.read(tx)
         except EdnSyntaxError as exc:
-            raise TransactionError(f"malformed transaction EDN: {exc}") from None
+            raise TransactionError(f"malformed transaction EDN: {exc}") from exc
     if isinstance(tx, DataFrame):
         if tx.limit(local_limit + 1).count() <= local_limit:  # a small epoch: take the driver path
             spark.sparkContext.setJobDescription("fetch a small transaction DataFrame")
@@ -112,7 +113,7 @@ def _from_ops(ops: Iterable, schema: Schema, spark: SparkSession, local_limit: i
         try:
             attribute = schema.get(a)
         except UnknownAttributeError as exc:
-            raise UnknownAttributeError(f"{where}: {exc}") from None
+            raise TransactionError(f"{where}: {exc}") from exc
         ok, value = coerce_value(v, attribute.value_type)
         if not ok:
             raise TransactionError(
@@ -125,7 +126,7 @@ def _from_ops(ops: Iterable, schema: Schema, spark: SparkSession, local_limit: i
         for kind in Kind:
             values[kind].append(value if kind is attribute.kind else None)
     frame = _wide_pandas(a_ids, entities, signs, values)
-    return PreparedTransaction(_spark_frame(spark, frame), list(touched.values()), len(frame),
+    return PreparedTransaction(spark_frame(spark, frame, TX_SCHEMA), list(touched.values()), len(frame),
                                len(frame) <= local_limit, _entities_by_attribute(frame))
 
 
@@ -134,12 +135,6 @@ def _entities_by_attribute(frame: pd.DataFrame) -> dict[int, list[int]]:
     return {int(a): group.unique().tolist() for a, group in frame.groupby("a")["e"]}
 
 
-def _spark_frame(spark: SparkSession, frame: pd.DataFrame) -> DataFrame:
-    if frame.empty:
-        return spark.createDataFrame([], TX_SCHEMA)
-    frame = frame.copy()
-    frame["vt"] = pd.to_datetime(frame["vt"])
-    return spark.createDataFrame(frame, schema=TX_SCHEMA)
 
 
 def _from_pandas(tx: pd.DataFrame, schema: Schema, spark: SparkSession, local_limit: int) -> PreparedTransaction:
@@ -147,14 +142,14 @@ def _from_pandas(tx: pd.DataFrame, schema: Schema, spark: SparkSession, local_li
     if missing:
         raise TransactionError(f"a transaction DataFrame needs columns e, a, v (and optionally added); missing {sorted(missing)}")
     if tx.empty:
-        return PreparedTransaction(spark.createDataFrame([], TX_SCHEMA), [], 0, True)
+        return PreparedTransaction(spark_frame(spark, _wide_pandas([], [], [], {}), TX_SCHEMA), [], 0, True)
     names = tx["a"].astype(str)
     attributes: dict[str, Attribute] = {}
     for name in pd.unique(names):
         try:
             attributes[name] = schema.get(name)
-        except (UnknownAttributeError, SchemaError) as exc:
-            raise UnknownAttributeError(f"transaction DataFrame: {exc}") from None
+        except UnknownAttributeError as exc:
+            raise TransactionError(f"transaction DataFrame: {exc}") from exc
     if tx["e"].isna().any():
         raise TransactionError("transaction DataFrame: column e has missing entity ids")
     try:
@@ -177,7 +172,7 @@ def _from_pandas(tx: pd.DataFrame, schema: Schema, spark: SparkSession, local_li
     for kind in (Kind.LONG, Kind.DOUBLE, Kind.BOOLEAN):
         wide[SLOT[kind]] = wide[SLOT[kind]].astype({Kind.LONG: "Int64", Kind.DOUBLE: "Float64",
                                                      Kind.BOOLEAN: "boolean"}[kind])
-    return PreparedTransaction(_spark_frame(spark, wide), list(attributes.values()), len(wide),
+    return PreparedTransaction(spark_frame(spark, wide, TX_SCHEMA), list(attributes.values()), len(wide),
                                len(wide) <= local_limit, _entities_by_attribute(wide))
 
 
@@ -224,8 +219,8 @@ def _from_spark(tx: DataFrame, schema: Schema, spark: SparkSession) -> PreparedT
             raise TransactionError("transaction DataFrame: column a has missing attribute names")
         try:
             attributes.append(schema.get(name))
-        except (UnknownAttributeError, SchemaError) as exc:
-            raise UnknownAttributeError(f"transaction DataFrame: {exc}") from None
+        except UnknownAttributeError as exc:
+            raise TransactionError(f"transaction DataFrame: {exc}") from exc
     added = F.col("added") if "added" in tx.columns else F.lit(True)
     name_col = F.col("a").cast("string")
     a_id = reduce(lambda acc, at: acc.when(name_col == str(at.name), F.lit(at.id)),

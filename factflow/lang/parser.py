@@ -10,7 +10,7 @@ from typing import Any
 
 from factflow import edn
 from factflow.edn import EdnList, EdnVector, Keyword, Symbol, write
-from factflow.errors import QueryError, RuleError
+from factflow.errors import EdnSyntaxError, QueryError, RuleError
 from factflow.lang.ast import (
     Aggregate, BindColl, Binding, BindRel, BindScalar, BindTuple, Blank, Clause, Const, FindSpec,
     FindVar, FnCall, InBinding, InRules, InSource, Input, Not, Or, Pattern, Predicate, Query, Rule,
@@ -37,12 +37,15 @@ def _err(message: str, form: Any = None, cls=QueryError):
     return cls(message + suffix)
 
 
-def _read(text_or_form: Any, what: str) -> Any:
+def _read(text_or_form: Any, what: str, cls=QueryError) -> Any:
     if isinstance(text_or_form, str) and not isinstance(text_or_form, (Symbol, Keyword)):
-        return edn.read(text_or_form)
+        try:
+            return edn.read(text_or_form)
+        except EdnSyntaxError as exc:
+            raise cls(f"malformed {what} EDN: {exc}") from exc
     if isinstance(text_or_form, (EdnVector, EdnList, dict, list, tuple)):
         return text_or_form
-    raise QueryError(f"{what} must be EDN text, not {type(text_or_form).__name__}")
+    raise cls(f"{what} must be EDN text, not {type(text_or_form).__name__}")
 
 
 def _is_var(form: Any) -> bool:
@@ -321,7 +324,7 @@ def _sections(form: Any) -> dict[str, list]:
 
 
 def parse_query(text_or_form: Any) -> Query:
-    """Parse a query given as EDN text (vector or map form)."""
+    """Parse a query given as EDN text (vector or map form); a QueryError if it is malformed."""
     form = _read(text_or_form, "query")
     sections = _sections(form)
     if ":find" not in sections:
@@ -339,11 +342,8 @@ def parse_query(text_or_form: Any) -> Query:
 
 
 def parse_rules(text_or_form: Any) -> list[Rule]:
-    """Parse a rule set ``[[(name ?a ...) clause ...] ...]`` into one Rule per body."""
-    try:
-        form = _read(text_or_form, "rules")
-    except QueryError as exc:
-        raise RuleError(str(exc)) from None
+    """Parse a rule set ``[[(name ?a ...) clause ...] ...]`` into one Rule per body (a RuleError if malformed)."""
+    form = _read(text_or_form, "rules", RuleError)
     if not isinstance(form, (EdnVector, list, tuple)):
         raise RuleError(f"rules must be a vector of rule bodies, found {write(form)}")
     rules = []
@@ -353,7 +353,7 @@ def parse_rules(text_or_form: Any) -> list[Rule]:
         except RuleError:
             raise
         except QueryError as exc:
-            raise RuleError(str(exc)) from None
+            raise RuleError(str(exc)) from exc
     return rules
 
 

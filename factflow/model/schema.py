@@ -85,7 +85,7 @@ class Schema:
         try:
             key = name if isinstance(name, Keyword) else normalize_attribute_name(name)
         except SchemaError as exc:
-            raise UnknownAttributeError(f"{context}{exc}") from None
+            raise UnknownAttributeError(f"{context}{exc}") from exc
         attribute = self._by_name.get(key)
         if attribute is None:
             raise UnknownAttributeError(f"{context}unknown attribute {key}; create it with create_attribute first")

@@ -12,6 +12,7 @@ from factflow.arrangement.batch import Layout, register_view
 from factflow.arrangement.trace import MergePolicy, Trace, TraceHandle
 from factflow.dataflow.nodes import Distinct, Node
 from factflow.edn import Keyword
+from factflow.errors import QueryError, UnknownAttributeError
 from factflow.lang.ast import Rule
 from factflow.lang.rules import RuleStore
 from factflow.model.schema import Attribute, Schema
@@ -109,8 +110,11 @@ class PlanContext(Holdings):
         return next(s for c, s, _ in self.strategies if c == conjunction and s)
 
     def attribute(self, name: Keyword, where: str) -> Attribute:
-        """Look up an attribute used by a clause."""
-        return self.schema.get(name, context=f"{where}: ")
+        """Look up an attribute used by a clause (a QueryError naming it if it was never created)."""
+        try:
+            return self.schema.get(name, context=f"{where}: ")
+        except UnknownAttributeError as exc:
+            raise QueryError(str(exc)) from exc
 
     def bodies(self, name: str, where: str = "") -> tuple[Rule, ...]:
         """The bodies of rule ``name``: this query's own rewritten rules first, then the registered ones."""

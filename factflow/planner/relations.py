@@ -10,6 +10,7 @@ import pandas as pd
 from factflow.arrangement.batch import DIFF
 from factflow.errors import QueryError
 from factflow.lang.ast import BindColl, Binding, BindRel, BindScalar, BindTuple, Blank, Var
+from factflow.model.frames import spark_frame
 from factflow.model.types import Kind, kind_of_python_value, spark_type, to_utc_naive
 from factflow.dataflow.nodes import Static
 from factflow.planner.context import PlanContext
@@ -91,8 +92,7 @@ def static_relation(pc: PlanContext, elements: Sequence[Var | Blank], rows: Sequ
     schema = T.StructType([T.StructField(n, spark_type(k), False) for n, k in cols]
                           + [T.StructField(DIFF, T.LongType(), False)])
     frame = pd.DataFrame(data, columns=[n for n, _ in cols] + [DIFF])
-    spark_frame = pc.spark.createDataFrame(frame, schema=schema) if len(frame) else pc.spark.createDataFrame([], schema)
-    view = pc.view(spark_frame)
+    view = pc.view(spark_frame(pc.spark, frame, schema))
     return Static(f"(SELECT /*+ COALESCE(1) */ * FROM {view})", tuple(cols), f"{where} ({len(distinct)} rows)")
 
 

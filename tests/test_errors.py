@@ -1,0 +1,52 @@
+"""The exception hierarchy says what was rejected (checked without Spark where the driver rejects)."""
+
+import pandas as pd
+import pytest
+
+from factflow import EdnSyntaxError, QueryError, RuleError, TransactionError, UnknownAttributeError
+from factflow.engine.transaction import prepare
+from factflow.lang.parser import parse_query, parse_rules
+from factflow.lang.rules import RuleStore
+from factflow.model.schema import Schema
+
+
+def _schema() -> Schema:
+    schema = Schema()
+    schema.create(":person/age", "long", "one")
+    return schema
+
+
+@pytest.mark.parametrize("tx, cause, fragments", [
+    ([[":db/add", 1, ":person/age", 3], [":db/add", 2, ":person/nope", 4]], UnknownAttributeError,
+     ["operation 1", ":person/nope"]),
+    ('[[:db/add 1 :person/age 3]\n [:db/add 2 :person/age', EdnSyntaxError, ["malformed transaction EDN", "line 2"]),
+    (pd.DataFrame({"e": [1, 2], "a": [":person/age", ":nope/x"], "v": [3, 4]}), UnknownAttributeError,
+     ["transaction DataFrame", ":nope/x"]),
+    (pd.DataFrame({"e": [1], "a": ["no-colon"], "v": [3]}), UnknownAttributeError, ["no-colon"]),
+], ids=["ops", "edn", "pandas", "pandas-bad-name"])
+def test_rejected_transactions_raise_transaction_errors_chained_from_the_cause(tx, cause, fragments):
+    with pytest.raises(TransactionError) as info:
+        prepare(tx, _schema(), spark=None, local_limit=100)  # rejected before Spark is needed
+    assert isinstance(info.value.__cause__, cause), repr(info.value.__cause__)
+    for fragment in fragments:
+        assert fragment in str(info.value), str(info.value)
+
+
+def test_malformed_query_text_is_a_query_error_chained_from_the_edn_error():
+    with pytest.raises(QueryError) as info:
+        parse_query("[:find ?p\n :where [?p :person/name")
+    assert not isinstance(info.value, RuleError)
+    assert isinstance(info.value.__cause__, EdnSyntaxError)
+    assert "malformed query EDN" in str(info.value) and "line 2" in str(info.value), str(info.value)
+
+
+@pytest.mark.parametrize("text, cause, fragment", [
+    ("[[(reach ?a ?b) [?a :edge ?b]]", EdnSyntaxError, "never closed"),
+    ("[[(reach ?a ?b) [?a :edge ?b] [(f ?x) ?y ?z]]]", QueryError, "too many elements"),
+])
+def test_malformed_rule_text_is_a_rule_error_chained_from_the_cause(text, cause, fragment):
+    for parse in (parse_rules, RuleStore().register):
+        with pytest.raises(RuleError) as info:
+            parse(text)
+        assert isinstance(info.value.__cause__, cause), repr(info.value.__cause__)
+        assert fragment in str(info.value), str(info.value)

@@ -1,0 +1,81 @@
+"""Sessions factflow creates are quiet unless asked otherwise; the packaging is warning-free."""
+
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from factflow import FactflowError
+from factflow.cli import main as cli
+from factflow.engine import session
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    for name in ("FACTFLOW_SPARK_LOG", "SPARK_LOCAL_IP", "SPARK_CONF_DIR"):
+        monkeypatch.setenv(name, "")  # recorded, so that what a test sets is undone
+        monkeypatch.delenv(name)
+    return monkeypatch
+
+
+def test_a_new_local_session_gets_factflows_log_config_and_a_loopback_driver(clean_env):
+    quiet = session._quiet_conf("local[2]", {}, "ERROR")
+    config = Path(session.__file__).with_name("log4j2.properties")
+    assert config.exists()
+    assert quiet["spark.driver.extraJavaOptions"] == (
+        f"-Dlog4j2.configurationFile={config.resolve().as_uri()} -Dfactflow.spark.log=ERROR")
+    assert quiet["spark.driver.host"] == quiet["spark.driver.bindAddress"] == "127.0.0.1"
+
+
+def test_what_the_user_configured_is_left_alone(clean_env):
+    own = {"spark.driver.extraJavaOptions": "-Dlog4j2.configurationFile=/etc/mine.properties",
+           "spark.driver.host": "10.0.0.5"}
+    assert session._quiet_conf("local[2]", own, "ERROR") == {}
+    options = session._quiet_conf("local[2]", {"spark.driver.extraJavaOptions": "-Xss4m"}, "WARN")
+    assert options["spark.driver.extraJavaOptions"].startswith("-Xss4m -Dlog4j2.configurationFile=")
+    assert "spark.driver.host" not in session._quiet_conf("spark://cluster:7077", {}, "ERROR")
+    clean_env.setenv("SPARK_LOCAL_IP", "10.0.0.5")
+    assert "spark.driver.host" not in session._quiet_conf("local[2]", {}, "ERROR")
+
+
+def test_the_spark_log_level_comes_from_the_environment(clean_env):
+    assert session._log_level("ERROR") == "ERROR"
+    clean_env.setenv("FACTFLOW_SPARK_LOG", "info")
+    assert session._log_level("ERROR") == "INFO"
+    clean_env.setenv("FACTFLOW_SPARK_LOG", "loud")
+    with pytest.raises(FactflowError, match="FACTFLOW_SPARK_LOG='LOUD'"):
+        session._log_level("ERROR")
+
+
+@pytest.mark.parametrize("flags, level", [([], None), (["-v"], "WARN"), (["-vv"], "INFO")])
+def test_verbose_cli_shows_sparks_log(clean_env, capsys, flags, level):
+    """``factflow -v`` (and ``-vv``) sets FACTFLOW_SPARK_LOG for the sessions the command creates."""
+    assert cli(["version", *flags]) == 0
+    assert os.environ.get("FACTFLOW_SPARK_LOG") == level
+
+
+def test_the_package_metadata_uses_an_spdx_license():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert project["project"]["license"] == "Apache-2.0"
+    assert "setuptools>=77" in project["build-system"]["requires"]
+    assert "engine/log4j2.properties" in project["tool"]["setuptools"]["package-data"]["factflow"]
+
+
+def test_a_created_session_starts_without_spark_chatter():
+    script = ("from factflow import create_session\n"
+              "s = create_session('local[1]')\n"
+              "assert s.range(3).count() == 3\n"
+              "s.stop()\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("FACTFLOW_SPARK_LOG", "SPARK_LOCAL_IP")}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr
+    # the JVM itself announces the incubator module Spark's launcher adds; nothing else may print
+    lines = [line for line in (run.stdout + run.stderr).splitlines()
+             if line.strip() and line != "WARNING: Using incubator modules: jdk.incubator.vector"]
+    assert lines == []

@@ -30,6 +30,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
 from factflow.arrangement.index import arrow_schema, remove_index, write_index
+from factflow.model.frames import spark_frame
 from factflow.model.types import Kind, spark_type
 
 __all__ = ["Layout", "Batch", "TIME", "DIFF"]
@@ -110,10 +111,12 @@ def release_checkpoint(frame: DataFrame) -> None:
 class Batch:
     """An immutable batch of updates covering epochs ``[lower, upper)``, readable as a view."""
 
-    __slots__ = ("lower", "upper", "rows", "frame", "local", "view", "index", "index_paths", "_stored", "_arrow")
+    __slots__ = ("lower", "upper", "rows", "frame", "local", "view", "index", "index_paths", "_stored", "_arrow",
+                 "_spark", "_layout")
 
-    def __init__(self, lower: int, upper: int, rows: int, frame: DataFrame,
-                 local: pd.DataFrame | None = None, stored: DataFrame | None = None):
+    def __init__(self, lower: int, upper: int, rows: int, frame: DataFrame | None,
+                 local: pd.DataFrame | None = None, stored: DataFrame | None = None,
+                 spark: SparkSession | None = None, layout: Layout | None = None):
         self.lower = lower
         self.upper = upper
         self.rows = rows
@@ -121,14 +124,22 @@ class Batch:
         self.local = local
         self._stored = stored
         self._arrow: pa.Table | None = None
+        self._spark = spark
+        self._layout = layout
         self.index: str | None = None  # directory of the sorted index files (stored batches)
         self.index_paths: list[str] = []
-        self.view = register_view(frame) if rows else None
+        self.view = register_view(frame) if rows and frame is not None else None
 
     @property
     def source(self) -> str:
-        """SQL that reads this batch (a local batch is read as a single partition)."""
+        """SQL that reads this batch (a local batch is read as a single partition).
+
+        A local batch becomes a Spark DataFrame only when SQL first reads it: most are
+        merged on the driver before any statement does."""
         if self.local is not None:
+            if self.view is None:
+                self.frame = spark_frame(self._spark, self.local, self._layout.spark_schema())
+                self.view = register_view(self.frame)
             return f"(SELECT /*+ COALESCE(1) */ * FROM {self.view})"
         return self.view
 
@@ -154,8 +165,7 @@ class Batch:
                     lower: int, upper: int) -> "Batch":
         """A local batch from consolidated rows already on the driver."""
         frame = layout.normalize_pandas(frame)
-        spark_frame = spark.createDataFrame(frame, schema=layout.spark_schema()) if len(frame) else None
-        return cls(lower, upper, len(frame), spark_frame, local=frame)
+        return cls(lower, upper, len(frame), None, local=frame, spark=spark, layout=layout)
 
     @classmethod
     def from_checkpoint(cls, frame: DataFrame, rows: int, lower: int, upper: int,

@@ -332,7 +332,7 @@ class Trace:
             batch = Batch.from_pandas(self.spark, self.layout, frame, lower, upper)
         else:
             cols = ", ".join(f"`{n}`" for n in names)
-            union = " UNION ALL ".join(f"SELECT * FROM {p.source}" for p in parts if p.view)
+            union = " UNION ALL ".join(f"SELECT * FROM {p.source}" for p in parts if p.rows)
             sql = (f"SELECT {cols}, greatest(`_t`, {frontier}L) AS `_t`, SUM(`_diff`) AS `_diff` "
                    f"FROM ({union}) GROUP BY {cols}, greatest(`_t`, {frontier}L) HAVING SUM(`_diff`) <> 0")
             self.spark.sparkContext.setJobDescription(f"merge {self.name} [{lower}, {upper})")

@@ -27,9 +27,11 @@ class EpochContext:
     In *install* mode the whole state as of ``epoch`` counts as the change and the old
     state is empty, so the same delta rules compute a query's initial result.
     ``small`` says every base change of this epoch is small (held on the driver): its
-    statements then run in one partition, without broadcasts or shuffles, and operators
-    read large traces by probing their keys (:mod:`factflow.dataflow.lookup`), which
-    needs ``spark``.
+    statements then run without broadcast joins (``EngineConfig.small_conf``), and
+    operators read large traces by probing their keys (:mod:`factflow.dataflow.lookup`),
+    which needs ``spark``. (Forcing every subquery into one partition as well, to drop the
+    statement's one-partition shuffles, measured 2.4x slower: the larger plans cost Spark
+    more to optimize than the shuffles cost to run.)
 
     Operators describe their work as named SQL subqueries (:meth:`define`); a statement
     (:meth:`statement`) puts the ones it needs into a ``WITH`` clause, so each is written
@@ -60,10 +62,7 @@ class EpochContext:
         return allowed and self.spark is not None
 
     def define(self, sql: str) -> str:
-        """Name a subquery; returns the name to use in FROM clauses. In a small epoch the
-        subquery is read as one partition, so no operator of the statement shuffles."""
-        if self.small and not self.install:
-            sql = f"SELECT /*+ COALESCE(1) */ * FROM ({sql})"
+        """Name a subquery; returns the name to use in FROM clauses."""
         return self._sql.define(sql)
 
     def frame(self, relation: str) -> "DataFrame":

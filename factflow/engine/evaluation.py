@@ -30,6 +30,7 @@ from factflow.dataflow.context import EpochContext
 from factflow.dataflow.nodes import OUT, Columns, Distinct, Node, Scan, Stateful
 from factflow.dataflow.recursion import Fixpoint
 from factflow.engine.collect import Collector
+from factflow.model.frames import spark_frame
 from factflow.model.types import Kind, spark_type
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -165,7 +166,7 @@ class Evaluation:
     def _local_relation(self, data: pd.DataFrame, columns: Columns) -> str:
         schema = T.StructType([T.StructField(n, spark_type(k), True) for n, k in columns]
                               + [T.StructField(DIFF, T.LongType(), False)])
-        view = register_view(self.spark.createDataFrame(data, schema=schema), prefix="ff_l")
+        view = register_view(spark_frame(self.spark, data, schema), prefix="ff_l")
         self._views.append(view)
         relation = f"(SELECT /*+ COALESCE(1) */ * FROM {view})"
         self._local[relation] = data
@@ -187,7 +188,7 @@ class Evaluation:
             frames = collector.run(self.spark, cx, label)
         for (node, step), frame in zip(fetched_steps, frames):
             if step == STATE:
-                view = register_view(self.spark.createDataFrame(frame, schema=_schema(node)), prefix="ff_l")
+                view = register_view(spark_frame(self.spark, frame, _schema(node)), prefix="ff_l")
                 self._views.append(view)
                 cx.set(node, "state", f"(SELECT /*+ COALESCE(1) */ * FROM {view})")
             else:

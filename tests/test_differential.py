@@ -9,10 +9,11 @@ is installed at a random point of the stream (before any data, mid-stream or at 
 end). After every epoch the accumulated subscription changes of each query must equal
 the oracle's answer; at the end ``results()`` must too.
 
-Each stream is checked in parts (``PARTS``), one test item per part, so that no item runs
-for more than a few minutes: a part installs every ``PARTS``-th query of the catalog on
-its own engine. Install points are drawn for the whole catalog first, so every query sees
-the same stream and is installed at the same epoch as in one run over the whole catalog.
+Each stream over the whole catalog is checked in parts (``PARTS``), one test item per
+part, so that no item runs for more than a minute or two: a part installs every
+``PARTS``-th query of the catalog on its own engine. Install points are drawn for the
+whole catalog first, so every query sees the same stream and is installed at the same
+epoch as in one run over the whole catalog.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from factflow import Engine, EngineConfig, TransactionError
 from oracle import Oracle, OracleError, normalized
 
 SEEDS = int(os.environ.get("FACTFLOW_DIFF_SEEDS", "2"))
-PARTS = 3  # test items per stream over the join catalog (2 for the recursive ones)
+PARTS = 3  # test items per stream over the whole catalog (the recursive catalogs take seconds)
 
 SCHEMA = [
     (":d/name", "string", "one"),
@@ -280,22 +281,20 @@ def test_auto_strategy_matches_the_oracle(spark, part):
     run_stream(spark, SEEDS, epochs=10, queries=CATALOG + JOIN_CATALOG, join="auto", part=part)
 
 
-@pytest.mark.parametrize("part", parts(2))
 @pytest.mark.parametrize("seed", [100 + s for s in range(max(1, SEEDS - 2))])
-def test_goal_directed_recursion_matches_the_oracle(spark, seed, part):
+def test_goal_directed_recursion_matches_the_oracle(spark, seed):
     # one stream (fixpoints cost several Spark jobs per iteration); FACTFLOW_DIFF_SEEDS adds more
-    run_stream(spark, seed, epochs=8, queries=GOAL_DIRECTED, part=part)
+    run_stream(spark, seed, epochs=8, queries=GOAL_DIRECTED)
 
 
 RECURSIVE = [q for q in CATALOG + JOIN_CATALOG if any(f"({rule} " in q[0] for rule in
              ("reach", "reach-left", "reach-named", "even-hop", "odd-hop", "sg", "tc2"))]
 
 
-@pytest.mark.parametrize("part", parts(2))
 @pytest.mark.parametrize("fraction", [0.0, float("inf")], ids=["always-recompute", "never-recompute"])
-def test_recursion_matches_the_oracle_whether_retractions_recompute_or_rederive(spark, fraction, part):
+def test_recursion_matches_the_oracle_whether_retractions_recompute_or_rederive(spark, fraction):
     # the default recomputes a component once overdeletion passes half of it; here every
     # overdeleting epoch recomputes, or none does (pure delete and rederive)
     assert RECURSIVE
     run_stream(spark, 200, epochs=8, queries=RECURSIVE + GOAL_DIRECTED,
-               config=EngineConfig(recompute_fraction=fraction), part=part)
+               config=EngineConfig(recompute_fraction=fraction))

@@ -61,6 +61,12 @@ class Layout:
         return [name for name, _ in self.columns]
 
     @property
+    def index_key(self) -> tuple[str, ...]:
+        """The columns batches are partitioned, sorted and probed by: the key, or every
+        data column when the layout has none."""
+        return self.key or tuple(self.names)
+
+    @property
     def all_names(self) -> list[str]:
         """Data columns followed by ``_t`` and ``_diff``."""
         return self.names + [TIME, DIFF]

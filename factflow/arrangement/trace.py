@@ -98,7 +98,7 @@ class TraceHandle:
     @property
     def key(self) -> tuple[str, ...]:
         """The columns the trace is keyed (and probed) by."""
-        return self._trace.layout.key or tuple(self._trace.layout.names)
+        return self._trace.layout.index_key
 
     @property
     def layout(self) -> Layout:
@@ -208,7 +208,7 @@ class Trace:
             if not b.is_local and b.index is None:
                 directory = os.path.join(self.policy.directory, f"trace-{self._id}", f"batch-{next(self._indexes)}")
                 self.spark.sparkContext.setJobDescription(f"index {self.name} [{b.lower}, {b.upper})")
-                b.write_index(self.layout.key or tuple(self.layout.names), directory)
+                b.write_index(self.layout.index_key, directory)
                 written += 1
         return written
 
@@ -343,15 +343,16 @@ class Trace:
     def materialize(self, frame: DataFrame, lower: int, upper: int) -> Batch:
         """A batch of ``frame`` (the full layout, with ``_t``): checkpointed, partitioned by
         the key and counted, or moved to the driver when it is small."""
-        stored, rows = checkpoint(self._organize(frame))
+        stored, rows = checkpoint(self.organize(frame))
         if rows > self.policy.local_limit:
             return Batch.from_checkpoint(stored, rows, lower, upper)
         local = stored.toArrow().to_pandas()
         release_checkpoint(stored)
         return Batch.from_pandas(self.spark, self.layout, local, lower, upper)
 
-    def _organize(self, frame: DataFrame) -> DataFrame:
-        key = list(self.layout.key) or self.layout.names
+    def organize(self, frame: DataFrame) -> DataFrame:
+        """``frame`` partitioned by the key and sorted within partitions, as stored batches are."""
+        key = list(self.layout.index_key)
         return frame.repartition(self.policy.partitions, *key).sortWithinPartitions(*key)
 
     def __repr__(self) -> str:

@@ -203,7 +203,7 @@ class Evaluation:
             relation = node.state_delta(cx) if step == STATE else node.pending(cx)
             if relation is None:
                 continue
-            frame = node.writer._organize(self.spark.sql(cx.statement(f"SELECT * FROM {relation}")))
+            frame = node.writer.organize(self.spark.sql(cx.statement(f"SELECT * FROM {relation}")))
             sc.setJobDescription(f"{label}: {node.writer.name} ({step})")
             stored, rows = checkpoint(frame)
             view = register_view(stored, prefix="ff_p")

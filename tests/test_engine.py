@@ -490,3 +490,14 @@ def test_an_engine_works_on_a_session_with_arrow_off(spark):
             assert db.query("[:find ?e :in $ [?e ...] :where [?e :m/n _]]", inputs=([],)).results() == {}
     finally:
         spark.conf.set(key, previous)
+
+
+def test_a_pandas_transaction_with_any_index(people):
+    """A filtered frame keeps its index labels; its facts must still be the rows as given."""
+    frame = pd.DataFrame({"e": [1, 2, 3, 4], "a": [":person/age"] * 4, "v": [30, 40, 50, 60]})
+    people.transact(frame[frame["v"] > 35])  # index 1, 2, 3
+    q = people.query("[:find ?p ?a :where [?p :person/age ?a]]")
+    assert q.results() == {(2, 40): 1, (3, 50): 1, (4, 60): 1}
+    shuffled = pd.DataFrame({"e": [5, 6], "a": [":person/name"] * 2, "v": ["Eve", "Fay"]}, index=[7, 3])
+    people.transact(shuffled)
+    assert people.query("[:find ?p ?n :where [?p :person/name ?n]]").results() == {(5, "Eve"): 1, (6, "Fay"): 1}

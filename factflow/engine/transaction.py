@@ -143,6 +143,7 @@ def _from_pandas(tx: pd.DataFrame, schema: Schema, spark: SparkSession, local_li
         raise TransactionError(f"a transaction DataFrame needs columns e, a, v (and optionally added); missing {sorted(missing)}")
     if tx.empty:
         return PreparedTransaction(spark_frame(spark, _wide_pandas([], [], [], {}), TX_SCHEMA), [], 0, True)
+    tx = tx.reset_index(drop=True)  # rows are matched by position below, whatever index the caller's frame has
     names = tx["a"].astype(str)
     attributes: dict[str, Attribute] = {}
     for name in pd.unique(names):

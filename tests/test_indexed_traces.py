@@ -45,3 +45,16 @@ def test_probed_state_matches_the_oracle(spark, join, probes):
     run_stream(spark, 300, epochs=10, queries=PROBED, join=join, max_ops=1,
                config=EngineConfig(local_limit=1))
     assert probes, "no epoch probed an index"
+
+
+def test_a_selective_install_probes_from_its_constant(spark, probes):
+    """An install whose pipeline starts from a constant-bound pattern looks its stages up by key."""
+    from factflow import Engine
+
+    edges = [(1, 2), (1, 3), (2, 4), (3, 4), (4, 5), (5, 1), (6, 7)]
+    with Engine(spark=spark, config=EngineConfig(local_limit=1)) as db:
+        db.create_attribute(":e", type="ref")
+        db.transact([[":db/add", a, ":e", b] for a, b in edges])  # bulk: stored, indexed batches
+        q = db.query("[:find ?b ?c :where [1 :e ?b] [?b :e ?c]]", join="delta")
+        assert probes, "the install scanned instead of probing"
+        assert q.results() == {(2, 4): 1, (3, 4): 1}

@@ -201,16 +201,13 @@ class Trace:
         local = [b.arrow(self.layout) for b in readable if b.is_local]
         return paths, local
 
-    def index_stored(self) -> int:
-        """Write the index files of stored batches that have none; returns how many were written."""
-        written = 0
+    def index_stored(self) -> None:
+        """Write the index files of stored batches that have none (a Spark job each)."""
         for b in self.batches:
             if not b.is_local and b.index is None:
                 directory = os.path.join(self.policy.directory, f"trace-{self._id}", f"batch-{next(self._indexes)}")
                 self.spark.sparkContext.setJobDescription(f"index {self.name} [{b.lower}, {b.upper})")
                 b.write_index(self.layout.index_key, directory)
-                written += 1
-        return written
 
     def batches_between(self, lower: int, upper: int) -> list[Batch]:
         """Batches that hold only times in ``[lower, upper)``."""

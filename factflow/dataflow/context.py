@@ -28,8 +28,7 @@ class EpochContext:
     state is empty, so the same delta rules compute a query's initial result.
     ``small`` says every base change of this epoch is small (held on the driver): its
     statements then run without broadcast joins (``EngineConfig.small_conf``), and
-    operators read large traces by probing their keys (:mod:`factflow.dataflow.lookup`),
-    which needs ``spark``. (Forcing every subquery into one partition as well, to drop the
+    operators read large traces by probing their keys (:mod:`factflow.dataflow.lookup`). (Forcing every subquery into one partition as well, to drop the
     statement's one-partition shuffles, measured 2.4x slower: the larger plans cost Spark
     more to optimize than the shuffles cost to run.)
 
@@ -38,8 +37,7 @@ class EpochContext:
     once however often it is referenced.
     """
 
-    def __init__(self, epoch: int, install: bool = False, small: bool = False,
-                 spark: "SparkSession | None" = None):
+    def __init__(self, epoch: int, spark: "SparkSession", install: bool = False, small: bool = False):
         self.epoch = epoch
         self.install = install
         self.small = small
@@ -58,8 +56,7 @@ class EpochContext:
     def probes(self) -> bool:
         """Whether operators may probe traces by key: in small epochs, and in an install's
         pipeline that starts from a constant (see :meth:`child`)."""
-        allowed = self.small and not self.install if self._probes is None else self._probes
-        return allowed and self.spark is not None
+        return self.small and not self.install if self._probes is None else self._probes
 
     def define(self, sql: str) -> str:
         """Name a subquery; returns the name to use in FROM clauses."""
@@ -86,7 +83,7 @@ class EpochContext:
         """A context for one step of an iterative operator (or one selective pipeline): the
         same epoch, statement and memoized relations, whose memo entries it may then
         replace without affecting this one; ``probes`` overrides whether it probes."""
-        sub = EpochContext(self.epoch, self.install, self.small, self.spark)
+        sub = EpochContext(self.epoch, self.spark, self.install, self.small)
         sub._memo = dict(self._memo)
         sub._sql = self._sql
         sub.views = self.views

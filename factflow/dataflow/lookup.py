@@ -49,6 +49,4 @@ def probe(cx: EpochContext, handle: TraceHandle, prefix: str, prefix_columns: Se
                  hash_on=[(by_trace[k], k) for k in handle.key], join_on=[(p, trace_of[p]) for p, _ in on],
                  values=list(values), as_of=as_of, how=how, present=present)
     hashed = cx.frame(f"(SELECT *, {hash_sql([by_trace[k] for k in handle.key])} AS {PROBE_HASH} FROM {prefix})")
-    hashed.sparkSession.sparkContext.setJobDescription(None)
-    view = cx.register(spec.run(hashed))
-    return view
+    return cx.register(spec.run(hashed))

@@ -42,7 +42,7 @@ def apply_changes(state: "EngineState", prepared: transaction.PreparedTransactio
     """Compute and append the effective changes of ``epoch``; returns rows changed per attribute id."""
     spark = state.spark
     tx_view = register_view(prepared.frame, prefix="ff_tx")
-    cx = EpochContext(epoch, small=prepared.small, spark=spark)
+    cx = EpochContext(epoch, spark, small=prepared.small)
     try:
         current = {a.id: _current_state(cx, state.tx_handles[a.id], tx_view, a, epoch - 1)
                    for a in prepared.attributes}

@@ -70,7 +70,7 @@ def run_epoch(state: EngineState, tx: Any, group_prefix: str, epoch_log: list[Ep
         mark = time.perf_counter()
         affected = [q for q in state.queries.values()
                     if any(state.schema.get(a).id in changed for a in q.dataflow.attributes)]
-        outputs = state.evaluate([q.dataflow for q in affected], EpochContext(epoch, small=prepared.small, spark=state.spark),
+        outputs = state.evaluate([q.dataflow for q in affected], EpochContext(epoch, state.spark, small=prepared.small),
                                  subscribed={q.dataflow.result for q in affected if q.has_subscribers})
         notices = _notices(affected, outputs)
         phases["queries"] = time.perf_counter() - mark

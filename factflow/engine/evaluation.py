@@ -3,16 +3,18 @@
 Every stateful operator has pending rows to append to its trace; the result operators'
 pending rows are also what subscribers receive. They are computed in *rounds*: all that
 can be computed together goes into one Spark statement per round, and only a
-:class:`Distinct` whose input is expensive to recompute is split over two rounds, so
-that its consolidated input change ``d`` is materialized once instead of being computed
-twice (once to find the keys whose old counts it needs, once to combine with them).
+:class:`Distinct` of a bulk epoch or an install is split over two rounds, so that its
+consolidated input change ``d`` is materialized once instead of being computed twice
+(once to find the keys whose old counts it needs, once to combine with them); in a small
+epoch the old counts are probed by ``d``'s keys in the same pass (see
+:mod:`factflow.dataflow.lookup`).
 
 Small epochs fetch each round with one job into driver memory (local batches); bulk
 epochs and installs checkpoint every result in Spark instead. What a fetch may bring to
 the driver is bounded by ``spark.driver.maxResultSize`` (factflow's sessions: 512 MiB):
-a small epoch whose round turns out larger (a tiny change with an enormous intermediate
-result) fails that collect fast, before the driver runs out of memory, and the round is
-checkpointed in Spark instead.
+a small epoch whose round Spark stops at that limit (a tiny change with an enormous
+intermediate result) is checkpointed in Spark instead. The limit is checked on the
+driver, so a single task result too large for the JVM's heap is not caught by it.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from pyspark.sql import types as T
 
 from factflow.arrangement.batch import DIFF, checkpoint, drop_view, register_view, release_checkpoint
 from factflow.dataflow.context import EpochContext
-from factflow.dataflow.nodes import OUT, Columns, Distinct, Node, Scan, Stateful
+from factflow.dataflow.nodes import OUT, Columns, Distinct, Node, Stateful
 from factflow.dataflow.recursion import Fixpoint
 from factflow.engine.collect import Collector
 from factflow.model.frames import spark_frame
@@ -50,12 +52,6 @@ def _stateful_inputs(node: Node) -> list[Node]:
         return isinstance(n, (Stateful, Fixpoint))
 
     return [n for n in node.reachable(stop=evaluated) if evaluated(n)]
-
-
-def _touches_stored_state(node: Stateful) -> bool:
-    """Whether computing ``node``'s input change reads a batch held in Spark (not on the driver)."""
-    return any(n.handle.stored
-               for n in node.reachable() if isinstance(n, (Scan, Stateful)))
 
 
 class Evaluation:
@@ -94,8 +90,7 @@ class Evaluation:
 
     def _split(self, node: Stateful) -> bool:
         cx = self.cx
-        return isinstance(node, Distinct) and (cx.install or not cx.small
-                                               or (not cx.probes and _touches_stored_state(node)))
+        return isinstance(node, Distinct) and (cx.install or not cx.small)
 
     def run(self, nodes: list[Node], subscribed: set, description: str) -> dict[Stateful, pd.DataFrame]:
         """Compute, commit and return the pending rows of ``nodes`` (outputs of result operators)."""

@@ -40,7 +40,7 @@ def install(state: EngineState, rules: RuleStore, group_prefix: str, query: str,
     state.spark.sparkContext.setJobGroup(f"{group_prefix}-{name}", f"install query {name}", interruptOnCancel=False)
     try:
         dataflow = synthesize(parsed, tuple(inputs), pc, join)
-        cx = EpochContext(state.epoch, install=True)
+        cx = EpochContext(state.epoch, state.spark, install=True)
         reused = [e for e in dataflow.shared_rules() if e.installed]
         for entry in reused:
             entry.present_as_installed(cx)

@@ -18,6 +18,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Iterator
 
+import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import SparkSession
@@ -38,9 +39,13 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["apply_changes", "small_statements"]
 
 
-def apply_changes(state: "EngineState", prepared: transaction.PreparedTransaction, epoch: int) -> dict[int, int]:
-    """Compute and append the effective changes of ``epoch``; returns rows changed per attribute id."""
+def apply_changes(state: "EngineState", prepared: transaction.PreparedTransaction,
+                  epoch: int) -> tuple[dict[int, int], dict[int, pd.DataFrame]]:
+    """Compute and append the effective changes of ``epoch``; returns the rows changed per
+    attribute id, and the changes ``(e, v, _diff)`` of every changed attribute whose feed
+    has subscribers (see :mod:`factflow.engine.feeds`)."""
     spark = state.spark
+    watched: dict[int, pd.DataFrame] = {}
     tx_view = register_view(prepared.frame, prefix="ff_tx")
     cx = EpochContext(epoch, spark, small=prepared.small)
     try:
@@ -48,14 +53,15 @@ def apply_changes(state: "EngineState", prepared: transaction.PreparedTransactio
                    for a in prepared.attributes}
         sql = transaction.effective_changes(tx_view, prepared, current)
         changed = {} if sql is None else (
-            _apply_small(state, sql, prepared, epoch) if prepared.small else _apply_bulk(state, sql, epoch))
+            _apply_small(state, sql, prepared, epoch, watched) if prepared.small
+            else _apply_bulk(state, sql, epoch, watched))
     finally:
         for view in [tx_view] + cx.views:
             drop_view(spark, view)
     for aid, arrangement in state.arrangements.items():
         if aid not in changed:
             arrangement.advance_upper(epoch + 1)
-    return changed
+    return changed, watched
 
 
 def _current_state(cx: EpochContext, handle: TraceHandle, tx_view: str, attribute: Attribute, as_of: int) -> str:
@@ -88,7 +94,7 @@ def small_statements(spark: SparkSession, settings: tuple[tuple[str, str], ...])
 
 
 def _apply_small(state: "EngineState", sql: str, prepared: transaction.PreparedTransaction,
-                 epoch: int) -> dict[int, int]:
+                 epoch: int, watched: dict[int, pd.DataFrame]) -> dict[int, int]:
     spark = state.spark
     spark.sparkContext.setJobDescription(f"epoch {epoch}: effective changes")
     with small_statements(spark, state.config.small_conf):
@@ -104,10 +110,12 @@ def _apply_small(state: "EngineState", sql: str, prepared: transaction.PreparedT
         frame = part.select(["e", slot, DIFF]).rename_columns(["e", "v", DIFF]).to_pandas()
         state.arrangements[attribute.id].apply_pandas(frame, epoch)
         changed[attribute.id] = len(frame)
+        if state.watched(attribute.id):
+            watched[attribute.id] = frame
     return changed
 
 
-def _apply_bulk(state: "EngineState", sql: str, epoch: int) -> dict[int, int]:
+def _apply_bulk(state: "EngineState", sql: str, epoch: int, watched: dict[int, pd.DataFrame]) -> dict[int, int]:
     spark = state.spark
     wide = spark.sql(sql).persist()
     changed: dict[int, int] = {}
@@ -132,6 +140,9 @@ def _apply_bulk(state: "EngineState", sql: str, epoch: int) -> dict[int, int]:
                 .select("e", F.col(slot).alias("v"), DIFF)
             spark.sparkContext.setJobDescription(f"epoch {epoch}: arrange {attribute.name}")
             changed[attribute.id] = state.arrangements[attribute.id].apply_frame(delta, epoch)
+            if state.watched(attribute.id):
+                spark.sparkContext.setJobDescription(f"epoch {epoch}: changes of {attribute.name} for its subscribers")
+                watched[attribute.id] = delta.toArrow().to_pandas()
     finally:
         wide.unpersist()
     return changed

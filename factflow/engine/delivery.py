@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover
+    from factflow.engine.feeds import AttributeFeed
     from factflow.engine.query import Query, Subscriber
 
 __all__ = ["Deliveries", "Notice"]
@@ -38,9 +39,10 @@ log = logging.getLogger("factflow.engine")
 
 @dataclass(frozen=True)
 class Notice:
-    """One query's changes in one epoch, for the subscribers it had when the epoch committed."""
+    """The changes of one query (or attribute feed) in one epoch, for the subscribers it had
+    when the epoch committed."""
 
-    query: "Query"
+    source: "Query | AttributeFeed"
     subscribers: tuple["Subscriber", ...]
     changes: list[tuple[tuple, int]]
 
@@ -78,12 +80,12 @@ class Deliveries:
 
 def _notify(epoch: int, notice: Notice) -> None:
     """Call the notice's subscribers that are still subscribed; a failure is logged, not raised."""
-    query = notice.query
+    source = notice.source
     for fn in notice.subscribers:
-        if fn not in query.subscribers:  # unsubscribed since the epoch committed
+        if fn not in source.subscribers:  # unsubscribed since the epoch committed
             continue
         try:
             fn(epoch, notice.changes)
         except Exception:
-            log.exception("subscriber %r of query %s failed at epoch %d (the epoch stays committed)",
-                          fn, query.name, epoch)
+            log.exception("subscriber %r of %s failed at epoch %d (the epoch stays committed)",
+                          fn, source.name, epoch)

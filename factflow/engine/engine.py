@@ -20,7 +20,7 @@ import os
 import shutil
 import tempfile
 import threading
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from pyspark.sql import SparkSession
 
@@ -28,13 +28,16 @@ from factflow.arrangement.attribute import AttributeArrangement
 from factflow.arrangement.trace import MergePolicy
 from factflow.engine.config import EngineConfig
 from factflow.engine.delivery import Deliveries
+from factflow.engine import transaction
 from factflow.engine.epoch import run_epoch, run_maintenance
+from factflow.engine.feeds import AttributeSubscriber
+from factflow.engine.group import plan_runs
 from factflow.engine.install import install
 from factflow.engine.query import Query
 from factflow.engine.reports import EpochReport, SparkJob, engine_stats
 from factflow.engine.session import REQUIRED_SQL_CONF, acquire_session, release_session
 from factflow.engine.state import EngineState
-from factflow.errors import EngineClosedError
+from factflow.errors import EngineClosedError, FactflowError, TransactionError
 from factflow.lang.rules import RuleStore
 from factflow.model.schema import Attribute, Schema
 
@@ -77,6 +80,7 @@ class Engine:
         self._deliveries = Deliveries()
         self._closed = False
         self._id = next(_ENGINE_IDS)
+        self._group = f"factflow-{self._id}-epoch"
         self.epoch_log: list[EpochReport] = []
 
     # ------------------------------------------------------------ schema and rules
@@ -105,6 +109,21 @@ class Engine:
             self._check_open()
             return self.rules.register(rules)
 
+    def subscribe_attribute(self, name: str, fn: AttributeSubscriber) -> Callable[[], None]:
+        """Call ``fn(epoch, [((entity, value), diff), ...])`` after each epoch that changes the
+        attribute ``name`` (its effective changes; see :mod:`factflow.engine.feeds`); returns
+        an unsubscribe function. Delivery is as for :meth:`Query.subscribe`."""
+        with self._lock:
+            self._check_open()
+            feed = self._state.feed(self._state.schema.get(name))
+            feed.add(fn)
+
+        def unsubscribe() -> None:
+            with self._lock:
+                feed.remove(fn)
+
+        return unsubscribe
+
     def arrangement(self, name: str) -> AttributeArrangement:
         """The shared arrangement of an attribute (for inspection)."""
         return self._state.arrangement_of(self._state.schema.get(name))
@@ -125,16 +144,66 @@ class Engine:
         may call this concurrently: epochs run one at a time, and subscribers receive them
         in increasing order.
         """
+        return self._committing(lambda: run_epoch(self._state, tx, self._group, self.epoch_log, self._deliveries))
+
+    def transact_many(self, transactions: Sequence[Any]) -> list[int | FactflowError]:
+        """Group commit: apply several transactions (operation lists or EDN text) in as few
+        epochs as possible, each validated on its own; returns, per transaction, the epoch it
+        landed in or the error that rejected it (a rejected one changes nothing).
+
+        The outcome equals applying them one after another in the given order: transactions
+        that touch one fact in opposite directions, or give one entity's cardinality-one
+        attribute different values, go to successive epochs (see :mod:`factflow.engine.group`).
+        Delivery and maintenance are as in :meth:`transact`.
+        """
+        outcomes: list[int | FactflowError | None] = [None] * len(transactions)
+
+        def run() -> None:
+            checked: dict[int, transaction.WideOps] = {}
+            for position, tx in enumerate(transactions):
+                try:
+                    checked[position] = transaction.read_ops(tx, self._state.schema)
+                except TransactionError as exc:
+                    outcomes[position] = exc
+            positions = list(checked)
+            for run_ in plan_runs([checked[p] for p in positions]):
+                self._commit_run([positions[j] for j in run_], checked, outcomes)
+
+        self._committing(run)
+        return outcomes  # type: ignore[return-value]
+
+    def _commit_run(self, members: list[int], checked: dict[int, "transaction.WideOps"],
+                    outcomes: list) -> None:
+        """One epoch for a run of compatible transactions; if it is rejected, each member alone."""
+        try:
+            epoch = run_epoch(self._state, transaction.combine([checked[p] for p in members]), self._group,
+                              self.epoch_log, self._deliveries)
+        except TransactionError as exc:
+            if len(members) == 1:
+                outcomes[members[0]] = exc
+                return
+            for member in members:
+                self._commit_run([member], checked, outcomes)
+            return
+        except FactflowError as exc:  # a Spark failure: rolled back, nothing of the run committed
+            for member in members:
+                outcomes[member] = exc
+            return
+        for member in members:
+            outcomes[member] = epoch
+
+    def _committing(self, commit):
+        """Run ``commit`` (epochs) under the engine lock, then deliver and maintain outside it."""
         try:
             with self._lock:
                 self._check_open()
-                epoch = run_epoch(self._state, tx, f"factflow-{self._id}-epoch", self.epoch_log, self._deliveries)
+                result = commit()
         finally:
             self._deliveries.drain()
         with self._lock:
             if not self._closed:
                 run_maintenance(self._state, f"factflow-{self._id}-maintenance", self.epoch_log)
-        return epoch
+        return result
 
     # ------------------------------------------------------------ queries
     def query(self, query: str, name: str | None = None, inputs: Sequence[Any] = (), join: str = "auto",

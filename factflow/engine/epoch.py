@@ -65,14 +65,14 @@ def run_epoch(state: EngineState, tx: Any, group_prefix: str, epoch_log: list[Ep
     try:
         sc.setJobDescription(f"epoch {epoch}: transaction")
         prepared = transaction.prepare(tx, state.schema, spark, state.config.local_limit)
-        changed = apply_changes(state, prepared, epoch)
+        changed, watched = apply_changes(state, prepared, epoch)
         phases["changes"] = time.perf_counter() - started
         mark = time.perf_counter()
         affected = [q for q in state.queries.values()
                     if any(state.schema.get(a).id in changed for a in q.dataflow.attributes)]
         outputs = state.evaluate([q.dataflow for q in affected], EpochContext(epoch, state.spark, small=prepared.small),
                                  subscribed={q.dataflow.result for q in affected if q.has_subscribers})
-        notices = _notices(affected, outputs)
+        notices = _notices(affected, outputs) + _feed_notices(state, watched)
         phases["queries"] = time.perf_counter() - mark
     except FactflowError:
         state.rollback(epoch)
@@ -125,6 +125,17 @@ def _first_line(exc: BaseException) -> str:
     """The first line of an error's text (Spark's carry a JVM stack trace)."""
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _feed_notices(state: EngineState, watched: dict[int, pd.DataFrame]) -> list[Notice]:
+    """The changes of every attribute feed with subscribers."""
+    notices = []
+    for aid, frame in watched.items():
+        feed = state.feeds[aid]
+        changes = feed.changes(frame)
+        if changes and feed.subscribers:
+            notices.append(Notice(feed, feed.subscribers, changes))
+    return notices
 
 
 def _notices(affected: list[Query], outputs: dict[Stateful, pd.DataFrame]) -> list[Notice]:

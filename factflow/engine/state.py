@@ -27,6 +27,7 @@ from factflow.dataflow.nodes import Node, Stateful
 from factflow.engine.apply import small_statements
 from factflow.engine.config import EngineConfig
 from factflow.engine.evaluation import Evaluation
+from factflow.engine.feeds import AttributeFeed
 from factflow.errors import QueryError
 from factflow.model.schema import Attribute, Schema
 from factflow.planner.shared import SharedRules
@@ -49,12 +50,22 @@ class EngineState:
         self.arrangements: dict[int, AttributeArrangement] = {}
         self.tx_handles: dict[int, TraceHandle] = {}
         self.queries: dict[str, Query] = {}
+        self.feeds: dict[int, AttributeFeed] = {}
         self.shared = SharedRules()
         self.epoch = 0
         self._query_counter = 0
         self.unmaintained: list[tuple[int, set[int], list[Query]]] = []  # (epoch, attribute ids, queries)
 
     # ------------------------------------------------------------ what is held
+    def feed(self, attribute: Attribute) -> AttributeFeed:
+        """The feed of an attribute's changes (created on first use)."""
+        return self.feeds.setdefault(attribute.id, AttributeFeed(attribute))
+
+    def watched(self, attribute_id: int) -> bool:
+        """Whether anyone subscribes to the changes of an attribute."""
+        feed = self.feeds.get(attribute_id)
+        return bool(feed and feed.subscribers)
+
     def arrange(self, attribute: Attribute) -> None:
         """Give a new attribute its shared arrangement, read by transactions from the next epoch on."""
         if attribute.id not in self.arrangements:

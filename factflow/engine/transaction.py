@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import reduce
-from typing import Any, Iterable
+from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
@@ -36,7 +36,7 @@ from factflow.model.schema import Attribute, Schema
 from factflow.dataflow.statement import Statement
 from factflow.model.types import Kind, coerce_value, python_type_name, spark_type, sql_type
 
-__all__ = ["PreparedTransaction", "prepare", "effective_changes", "format_errors", "SLOT", "TX_SCHEMA", "ERR"]
+__all__ = ["PreparedTransaction", "WideOps", "prepare", "read_ops", "combine", "effective_changes", "format_errors", "SLOT", "TX_SCHEMA", "ERR"]
 
 SLOT = {Kind.LONG: "vl", Kind.DOUBLE: "vd", Kind.STRING: "vs", Kind.BOOLEAN: "vb", Kind.INSTANT: "vt"}
 ERR = "err"
@@ -63,11 +63,8 @@ class PreparedTransaction:
 
 def prepare(tx: Any, schema: Schema, spark: SparkSession, local_limit: int) -> PreparedTransaction:
     """Validate what can be checked without data and build the wide transaction frame."""
-    if isinstance(tx, str):
-        try:
-            tx = edn.read(tx)
-        except EdnSyntaxError as exc:
-            raise TransactionError(f"malformed transaction EDN: {exc}") from exc
+    if isinstance(tx, WideOps):
+        return _from_wide(tx, spark, local_limit)
     if isinstance(tx, DataFrame):
         if tx.limit(local_limit + 1).count() <= local_limit:  # a small epoch: take the driver path
             spark.sparkContext.setJobDescription("fetch a small transaction DataFrame")
@@ -75,8 +72,8 @@ def prepare(tx: Any, schema: Schema, spark: SparkSession, local_limit: int) -> P
         return _from_spark(tx, schema, spark)
     if isinstance(tx, pd.DataFrame):
         return _from_pandas(tx, schema, spark, local_limit)
-    if isinstance(tx, (list, tuple)):
-        return _from_ops(tx, schema, spark, local_limit)
+    if isinstance(tx, (str, list, tuple)):
+        return _from_wide(read_ops(tx, schema), spark, local_limit)
     raise TransactionError(
         f"a transaction must be a list of [op e a v] operations, EDN text, or a pandas/Spark DataFrame; "
         f"got {type(tx).__name__}"
@@ -93,13 +90,30 @@ def _wide_pandas(a, e, op, values: dict[Kind, list]) -> pd.DataFrame:
     return pd.DataFrame(data)
 
 
-def _from_ops(ops: Iterable, schema: Schema, spark: SparkSession, local_limit: int) -> PreparedTransaction:
+@dataclass
+class WideOps:
+    """A list of operations checked against the schema, in wide form on the driver (no Spark yet)."""
+
+    frame: pd.DataFrame
+    attributes: list[Attribute]
+
+
+def read_ops(tx: Any, schema: Schema) -> WideOps:
+    """Check a transaction given as a list of ``[op e a v]`` operations (or EDN text of one)
+    against the schema, on the driver; raises :class:`TransactionError` naming the first bad one."""
+    if isinstance(tx, str):
+        try:
+            tx = edn.read(tx)
+        except EdnSyntaxError as exc:
+            raise TransactionError(f"malformed transaction EDN: {exc}") from exc
+    if not isinstance(tx, (list, tuple)):
+        raise TransactionError(f"a transaction must be a list of [op e a v] operations; got {type(tx).__name__}")
     a_ids: list[int] = []
     entities: list[int] = []
     signs: list[int] = []
     values = {k: [] for k in Kind}
     touched: dict[int, Attribute] = {}
-    for i, op in enumerate(ops):
+    for i, op in enumerate(tx):
         where = f"operation {i} {_show(op)}"
         if not isinstance(op, (list, tuple)) or len(op) != 4:
             raise TransactionError(f"{where}: expected [op entity attribute value]")
@@ -125,8 +139,20 @@ def _from_ops(ops: Iterable, schema: Schema, spark: SparkSession, local_limit: i
         signs.append(sign)
         for kind in Kind:
             values[kind].append(value if kind is attribute.kind else None)
-    frame = _wide_pandas(a_ids, entities, signs, values)
-    return PreparedTransaction(spark_frame(spark, frame, TX_SCHEMA), list(touched.values()), len(frame),
+    return WideOps(_wide_pandas(a_ids, entities, signs, values), list(touched.values()))
+
+
+def combine(parts: Sequence[WideOps]) -> WideOps:
+    """Several checked transactions as one (for group commit; see :mod:`factflow.engine.group`)."""
+    attributes = {a.id: a for part in parts for a in part.attributes}
+    column = {name: [x for part in parts for x in part.frame[name].tolist()] for name in ["a", "e", "op", *SLOT.values()]}
+    frame = _wide_pandas(column["a"], column["e"], column["op"], {k: column[SLOT[k]] for k in Kind})
+    return WideOps(frame, list(attributes.values()))
+
+
+def _from_wide(wide: WideOps, spark: SparkSession, local_limit: int) -> PreparedTransaction:
+    frame = wide.frame
+    return PreparedTransaction(spark_frame(spark, frame, TX_SCHEMA), wide.attributes, len(frame),
                                len(frame) <= local_limit, _entities_by_attribute(frame))
 
 

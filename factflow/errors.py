@@ -13,7 +13,10 @@ the user can find it. The type says what was rejected::
     │   └── RuleError           Engine.register rejected the rules, or a query calls a rule
     │                           that is unknown or cannot be resolved
     ├── ExecutionError          Spark failed while running an epoch (rolled back)
-    └── EngineClosedError       the engine or query was used after close()
+    ├── EngineClosedError       the engine or query was used after close()
+    ├── ServerError             a factflow server refused a client's request (.category says why)
+    ├── ConnectionClosedError   a client's connection to a server failed to open or closed
+    └── RequestTimeoutError     a client waited longer than its timeout for a reply
 
 A rejected transaction always raises :class:`TransactionError` and a rejected query
 :class:`QueryError`, whatever the cause: when the cause is another factflow error (an
@@ -65,3 +68,24 @@ class EngineClosedError(FactflowError):
 class ExecutionError(FactflowError):
     """Spark failed while running an epoch; it was rolled back and the engine stays
     usable. The Spark error is chained as ``__cause__``."""
+
+
+class ServerError(FactflowError):
+    """A factflow server refused a request (see :mod:`factflow.client`); the message is the
+    server's, ``category`` says why: ``incorrect`` (bad input: a rejected transaction, query
+    or rule), ``not-found``, ``conflict``, ``forbidden``, ``unsupported`` or ``fault`` (a
+    server bug); ``op`` is the refused operation."""
+
+    def __init__(self, category: str, message: str, op: str | None = None):
+        super().__init__(message)
+        self.category = category
+        self.op = op
+
+
+class ConnectionClosedError(FactflowError):
+    """A client's connection to a factflow server could not be opened, or closed (by either
+    side, or because it failed); the message says why, with the close code and reason."""
+
+
+class RequestTimeoutError(FactflowError):
+    """No reply came within the client's timeout; the server may still carry the request out."""

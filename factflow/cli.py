@@ -1,40 +1,215 @@
-"""The ``factflow`` command line."""
+"""The ``factflow`` command line: ``factflow [-v] COMMAND ...``.
+
+Each command is a handler ``handler(args) -> exit status`` attached to its subparser in
+:func:`build_parser` with ``set_defaults(handler=...)``; a new command is one handler and
+one subparser. A :class:`~factflow.errors.FactflowError` from a handler prints
+``factflow: <message>`` on stderr and exits with status 1.
+
+Commands talking to a server take its ``ws://HOST:PORT/`` address and ``--token-file``::
+
+    factflow tx URL EDN            apply a transaction (EDN text, or - for stdin); prints the epoch
+    factflow query URL EDN         print the rows of a query as a table
+        [--inputs JSON] [--name NAME] [--follow]
+                                   --follow: then print every change, "epoch N  + row" or
+                                   "epoch N  - row", until Ctrl-C
+    factflow status URL [--json]   the server's epoch, clients and queries
+    factflow explain URL NAME      the plan of an installed query
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
+from typing import Any, Iterable, Sequence
 
 from factflow import __version__
 from factflow.engine.session import LOG_LEVEL_VARIABLE
 from factflow.errors import FactflowError
 
-__all__ = ["main"]
+__all__ = ["main", "build_parser"]
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``factflow demo`` runs the demo; ``factflow version`` prints the version."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(prog="factflow", description="Incremental Datalog on Apache Spark.")
-    parser.add_argument("command", choices=["demo", "version"], help="what to run")
-    parser.add_argument("-v", "--verbose", action="count", default=0,
-                        help="log every epoch and its Spark jobs, and Spark's warnings (-vv: Spark's INFO log too)")
-    args, rest = parser.parse_known_args(argv)
+    """Run the command ``argv`` (default: the process arguments); returns the exit status."""
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
     if args.verbose:  # an explicit FACTFLOW_SPARK_LOG wins
         os.environ.setdefault(LOG_LEVEL_VARIABLE, "WARN" if args.verbose == 1 else "INFO")
-    if args.command == "version":
-        print(__version__)
-        return 0
-    from factflow.demo import main as demo
-
     try:
-        return demo(rest)
+        return args.handler(args)
     except FactflowError as exc:
         print(f"factflow: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of every command."""
+    verbose = "log every epoch and its Spark jobs, and Spark's warnings (-vv: Spark's INFO log too)"
+    parser = argparse.ArgumentParser(prog="factflow", description="Incremental Datalog on Apache Spark.")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help=verbose)
+    common = argparse.ArgumentParser(add_help=False)  # -v after the command too, without resetting the count
+    common.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS, help=verbose)
+    remote = argparse.ArgumentParser(add_help=False, parents=[common])
+    remote.add_argument("url", help="the server's address, ws://HOST:PORT/")
+    remote.add_argument("--token-file", metavar="FILE", help="a file holding the server's token")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    sub = commands.add_parser("version", parents=[common], help="print the version")
+    sub.set_defaults(handler=version)
+
+    sub = commands.add_parser("demo", parents=[common], help="run the demo (a social network kept live)")
+    sub.add_argument("--data", help="LDBC SNB directory (default: ../shared/data/ldbc-snb-tiny or the bundled subset)")
+    sub.add_argument("--master", help="Spark master (default: local[*])")
+    sub.set_defaults(handler=demo)
+
+    sub = commands.add_parser("tx", parents=[remote], help="apply a transaction on a server")
+    sub.add_argument("edn", help="the transaction as EDN, [[:db/add e a v] ...], or - to read it from stdin")
+    sub.set_defaults(handler=tx)
+
+    sub = commands.add_parser("query", parents=[remote], help="print a query's rows, and with --follow its changes")
+    sub.add_argument("edn", help="the query as EDN, [:find ... :where ...]")
+    sub.add_argument("--inputs", type=_json_array, default=[], metavar="JSON",
+                     help="the values of the :in bindings after $, as a JSON array")
+    sub.add_argument("--name", help="interest under this name (shared with clients of the same query)")
+    sub.add_argument("--follow", action="store_true", help="then print every change until Ctrl-C")
+    sub.set_defaults(handler=query)
+
+    sub = commands.add_parser("status", parents=[remote], help="print a server's epoch, clients and queries")
+    sub.add_argument("--json", action="store_true", help="print the whole status (with stats) as JSON")
+    sub.set_defaults(handler=status)
+
+    sub = commands.add_parser("explain", parents=[remote], help="print the plan of a query installed on a server")
+    sub.add_argument("name", help="the query's name")
+    sub.set_defaults(handler=explain)
+    return parser
+
+
+# ------------------------------------------------------------ commands
+def version(args: argparse.Namespace) -> int:
+    """``factflow version``: print the version."""
+    print(__version__)
+    return 0
+
+
+def demo(args: argparse.Namespace) -> int:
+    """``factflow demo``: run the demo (see :mod:`factflow.demo`)."""
+    from factflow.demo import run_demo
+
+    run_demo(args.data, args.master).close()
+    return 0
+
+
+def tx(args: argparse.Namespace) -> int:
+    """``factflow tx URL EDN``: apply a transaction; prints its epoch."""
+    text = sys.stdin.read() if args.edn == "-" else args.edn
+    with _connect(args) as client:
+        print(f"epoch {client.transact(text)}")
+    return 0
+
+
+def query(args: argparse.Namespace) -> int:
+    """``factflow query URL EDN``: print the rows as a table; with ``--follow``, then every change."""
+    with _connect(args) as client:
+        if not (args.follow or args.name):  # a one-shot answer: no interest
+            answer = client.request("query", query=args.edn, inputs=args.inputs or None)
+            _print_table(answer["columns"], answer["rows"])
+            return 0
+        remote = client.query(args.edn, name=args.name, inputs=args.inputs)
+        updates = remote.updates(initial=True)
+        epoch, current = next(updates)
+        _print_table(remote.columns, [row for row, n in current for _ in range(n)], epoch)
+        if not args.follow:
+            return 0
+        try:
+            for epoch, changes in updates:
+                for row, diff in sorted(changes, key=lambda change: change[1] > 0):  # retractions first
+                    sign = ("+" if diff > 0 else "-") + (str(abs(diff)) if abs(diff) != 1 else "")
+                    print(f"epoch {epoch}  {sign} {'  '.join(_cell(v) for v in row)}", flush=True)
+        except KeyboardInterrupt:  # the way to stop following
+            pass
+    return 0
+
+
+def status(args: argparse.Namespace) -> int:
+    """``factflow status URL``: the server's epoch, clients and queries (``--json``: everything)."""
+    with _connect(args) as client:
+        report = client.status()
+    if args.json:
+        print(json.dumps(report, indent=2, sort_keys=True))
+        return 0
+    print(f"epoch    {report['epoch']}")
+    print(f"clients  {report['clients']}")
+    print(f"queries  {len(report['queries'])}")
+    width = max((len(name) for name in report["queries"]), default=0)
+    for name, count in sorted(report["queries"].items()):
+        print(f"  {name.ljust(width)}  {count} client{'s' if count != 1 else ''}")
+    return 0
+
+
+def explain(args: argparse.Namespace) -> int:
+    """``factflow explain URL NAME``: the plan of an installed query."""
+    with _connect(args) as client:
+        print(client.explain(args.name))
+    return 0
+
+
+# ------------------------------------------------------------ helpers
+def _connect(args: argparse.Namespace):
+    """A client of the server ``args.url``, with the token of ``args.token_file`` if given."""
+    from factflow.client import Client
+
+    token = None
+    if args.token_file:
+        try:
+            with open(args.token_file, encoding="utf-8") as file:
+                token = file.read().strip()
+        except OSError as exc:
+            raise FactflowError(f"cannot read the token file {args.token_file}: {exc.strerror or exc}") from exc
+    return Client(args.url, token=token)
+
+
+def _json_array(text: str) -> list:
+    """The value of ``--inputs``."""
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+    if not isinstance(value, list):
+        raise argparse.ArgumentTypeError(f"not a JSON array: {text}")
+    return value
+
+
+def _cell(value: Any) -> str:
+    """A value as a table shows it: strings bare, nil and booleans as in EDN, collections as vectors."""
+    if isinstance(value, str):
+        return value
+    if value is None:
+        return "nil"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return "[" + " ".join(_cell(v) for v in value) + "]"
+    return str(value)
+
+
+def _print_table(columns: Sequence[str], rows: Iterable[Sequence], epoch: int | None = None) -> None:
+    """Rows under their column names, aligned, sorted where they compare; then the count."""
+    rows = list(rows)
+    try:
+        rows.sort()
+    except TypeError:  # values that do not compare: the server's order
+        pass
+    cells = [list(columns)] + [[_cell(v) for v in row] for row in rows]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
+    for line in cells:
+        print("  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip())
+    count = f"{len(rows)} row{'s' if len(rows) != 1 else ''}"
+    print(f"({count}, epoch {epoch})" if epoch is not None else f"({count})", flush=True)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -10,7 +10,6 @@ epochs cost.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 
@@ -20,7 +19,7 @@ from factflow.engine.engine import Engine
 from factflow.errors import FactflowError
 from factflow.io.ldbc import find_ldbc, load_ldbc
 
-__all__ = ["run_demo", "main"]
+__all__ = ["run_demo"]
 
 RULES = """[
  [(friend ?a ?b) [?a :person/knows ?b]]
@@ -130,14 +129,3 @@ def run_demo(data: str | None = None, master: str | None = None, out=sys.stdout,
         say(f"  {name}: {stats['query_tuples'][name]} private + {stats['result_tuples'][name]} result tuples")
     say(queries["friend-triangles"].explain())
     return db
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``factflow demo``."""
-    parser = argparse.ArgumentParser(prog="factflow demo", description=__doc__.splitlines()[0])
-    parser.add_argument("--data", help="LDBC SNB directory (default: ../shared/data/ldbc-snb-tiny or the bundled subset)")
-    parser.add_argument("--master", help="Spark master (default: local[*])")
-    args = parser.parse_args(argv)
-    db = run_demo(args.data, args.master)
-    db.close()
-    return 0

@@ -204,13 +204,7 @@ class AsyncClient:
         stream = (self._queries if push.kind == "diff" else self._feeds).get(push.name)
         if stream is None:  # an interest being closed
             return
-        if isinstance(stream, QueryState):
-            stream.apply(push)
-        for fn in stream.subscribers:
-            try:
-                fn(push.epoch, push.changes)
-            except Exception:
-                log.exception("factflow client: a subscriber to %s failed at epoch %d", push.name, push.epoch)
+        stream.notify(push, stream.apply(push) if isinstance(stream, QueryState) else stream.entries())
 
     def _end(self, failure: str) -> None:
         """The connection is gone: fail what waits and end the queries."""
@@ -265,10 +259,11 @@ class AsyncRemoteQuery(QueryHandle):
         super().__init__(state)
         self._client = client
 
-    def updates(self) -> "AsyncUpdates":
-        """The later diffs as an async iterator of ``(epoch, changes)``."""
+    def updates(self, initial: bool = False) -> "AsyncUpdates":
+        """The later diffs as an async iterator of ``(epoch, changes)``; with ``initial``, the
+        first item is the current result as one diff at :attr:`epoch`."""
         self._state.check()
-        return AsyncUpdates(self._state)
+        return AsyncUpdates(self._state, initial)
 
     async def explain(self) -> str:
         """The plan of the query on the server."""
@@ -287,16 +282,18 @@ class AsyncRemoteQuery(QueryHandle):
 
 class AsyncUpdates:
     """A query's diffs as an async iterator of ``(epoch, [(row, diff), ...])``, from the
-    moment it was made. It stops when the query or the client is closed, and raises
+    moment it was made (see :meth:`AsyncRemoteQuery.updates`). It stops when the query or the client is closed, and raises
     :class:`~factflow.errors.ConnectionClosedError` when the connection is lost."""
 
     _END = object()
 
-    def __init__(self, state: QueryState):
+    def __init__(self, state: QueryState, initial: bool):
         self._queue: asyncio.Queue = asyncio.Queue()
         self._ended: str | None = None
-        self._unsubscribe = state.add_subscriber(lambda epoch, changes: self._queue.put_nowait((epoch, changes)),
-                                                 on_end=self._end)
+        self._unsubscribe, epoch, rows = state.subscribe_from_now(
+            lambda epoch, changes: self._queue.put_nowait((epoch, changes)), self._end)
+        if initial:
+            self._queue.put_nowait((epoch, list(rows.items())))
 
     def _end(self, failure: str | None) -> None:
         self._ended = failure

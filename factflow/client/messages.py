@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
+import logging
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -25,6 +26,8 @@ from factflow.errors import ConnectionClosedError, EngineClosedError, ServerErro
 
 __all__ = ["PROTOCOL_VERSION", "Push", "QueryHandle", "QueryState", "Subscriber", "Subscribers", "encode_request", "decode_frame",
            "is_push", "reply_result", "read_push", "as_row", "close_description", "default_query_name"]
+
+log = logging.getLogger("factflow.client")
 
 PROTOCOL_VERSION = 1
 
@@ -127,14 +130,23 @@ def default_query_name(text: str, inputs: Sequence[Any], join: str) -> str:
     return "q-" + hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
+Entry = tuple[Subscriber, Callable[[str | None], None] | None]
+
+
 class Subscribers:
     """The functions subscribed to one stream of pushes (a query's or an attribute's), each
     with an optional ``on_end(failure)`` called when the stream ends (``failure`` is None
-    when it was closed, else why the connection was lost). Safe to use from any thread."""
+    when it was closed, else why the connection was lost). Safe to use from any thread.
+
+    A push reaches the subscribers of the moment it was received (:meth:`entries`, taken
+    by the reader) that are still subscribed when it is delivered (:meth:`notify`): none
+    subscribed later (for a query, whose result already holds the push when it subscribes),
+    none unsubscribed before.
+    """
 
     def __init__(self):
-        self._entries: list[tuple[Subscriber, Callable[[str | None], None] | None]] = []
-        self._lock = threading.Lock()
+        self._entries: list[Entry] = []
+        self._lock = threading.RLock()
 
     def add_subscriber(self, fn: Subscriber, on_end: Callable[[str | None], None] | None = None) -> Callable[[], None]:
         """Subscribe ``fn``; returns the function that unsubscribes it."""
@@ -144,16 +156,25 @@ class Subscribers:
 
         def unsubscribe() -> None:
             with self._lock:
-                if entry in self._entries:
-                    self._entries.remove(entry)
+                self._entries = [e for e in self._entries if e is not entry]
 
         return unsubscribe
 
-    @property
-    def subscribers(self) -> tuple[Subscriber, ...]:
-        """The functions subscribed now."""
+    def entries(self) -> tuple[Entry, ...]:
+        """The subscribers now."""
         with self._lock:
-            return tuple(fn for fn, _ in self._entries)
+            return tuple(self._entries)
+
+    def notify(self, push: Push, entries: tuple[Entry, ...]) -> None:
+        """Call each of ``entries`` still subscribed with a push; a failing one is logged."""
+        for entry in entries:
+            with self._lock:
+                subscribed = any(e is entry for e in self._entries)
+            if subscribed:
+                try:
+                    entry[0](push.epoch, push.changes)
+                except Exception:
+                    log.exception("factflow client: a subscriber to %s failed at epoch %d", push.name, push.epoch)
 
     def end(self, failure: str | None) -> None:
         """The stream ended: tell those who asked, and drop every subscriber."""
@@ -186,13 +207,13 @@ class QueryState(Subscribers):
 
     def begin(self, reply: dict) -> None:
         """Take the columns (and the install epoch, if no diff came) from the interest reply."""
-        self.columns = list(reply["columns"])
         with self._lock:
+            self.columns = list(reply["columns"])
             if self.epoch is None:
                 self.epoch = reply["epoch"]
 
-    def apply(self, push: Push) -> None:
-        """Add a pushed diff to the result."""
+    def apply(self, push: Push) -> tuple[Entry, ...]:
+        """Add a pushed diff to the result; returns the subscribers to notify of it."""
         with self._lock:
             for row, diff in push.changes:
                 total = self._rows.get(row, 0) + diff
@@ -201,11 +222,19 @@ class QueryState(Subscribers):
                 else:
                     self._rows.pop(row, None)
             self.epoch = push.epoch
+            return tuple(self._entries)
 
     def results(self) -> dict[tuple, int]:
         """The result as of the latest diff received: ``{row_tuple: multiplicity}``."""
         with self._lock:
             return dict(self._rows)
+
+    def subscribe_from_now(self, fn: Subscriber,
+                           on_end: Callable[[str | None], None]) -> tuple[Callable[[], None], int, dict[tuple, int]]:
+        """Subscribe ``fn`` and take the result it starts from, at once: returns the
+        unsubscribe function, the epoch and the result (the next push ``fn`` gets follows it)."""
+        with self._lock:
+            return self.add_subscriber(fn, on_end), self.epoch, dict(self._rows)
 
     def finish(self, failure: str | None) -> None:
         """The interest ended: closed (``failure`` None) or lost with the connection."""

@@ -239,9 +239,9 @@ class Client:
             stream = (self._queries if push.kind == "diff" else self._feeds).get(push.name)
         if stream is None:  # an interest being closed
             return
-        if isinstance(stream, QueryState):
-            stream.apply(push)
-        self._events.put(partial(_notify, push, stream))
+        entries = stream.apply(push) if isinstance(stream, QueryState) else stream.entries()
+        if entries:
+            self._events.put(partial(stream.notify, push, entries))
 
     def _dispatch(self) -> None:
         while (event := self._events.get()) is not None:
@@ -294,15 +294,6 @@ class Client:
         return f"<factflow.client.Client {self.url} {self._failure or 'open'}>"
 
 
-def _notify(push: Push, stream: Subscribers) -> None:
-    """Call every subscriber (as of now) with a push; a failing one is logged."""
-    for fn in stream.subscribers:
-        try:
-            fn(push.epoch, push.changes)
-        except Exception:
-            log.exception("factflow client: a subscriber to %s failed at epoch %d", push.name, push.epoch)
-
-
 class RemoteQuery(QueryHandle):
     """A query this client is interested in: its result, assembled from the pushed diffs,
     and its stream of changes (subscribers are called on the dispatcher thread). Close it,
@@ -312,10 +303,11 @@ class RemoteQuery(QueryHandle):
         super().__init__(state)
         self._client = client
 
-    def updates(self) -> "Updates":
-        """The later diffs as a blocking iterator of ``(epoch, changes)``."""
+    def updates(self, initial: bool = False) -> "Updates":
+        """The later diffs as a blocking iterator of ``(epoch, changes)``; with ``initial``,
+        the first item is the current result as one diff at :attr:`epoch`."""
         self._state.check()
-        return Updates(self._state)
+        return Updates(self._state, initial)
 
     def explain(self) -> str:
         """The plan of the query on the server."""
@@ -334,16 +326,18 @@ class RemoteQuery(QueryHandle):
 
 class Updates:
     """A query's diffs as a blocking iterator of ``(epoch, [(row, diff), ...])``, from the
-    moment it was made. It stops when the query or the client is closed, and raises
+    moment it was made (see :meth:`RemoteQuery.updates`). It stops when the query or the client is closed, and raises
     :class:`~factflow.errors.ConnectionClosedError` when the connection is lost."""
 
     _END = object()
 
-    def __init__(self, state: QueryState):
+    def __init__(self, state: QueryState, initial: bool):
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._ended: str | None = None
-        self._unsubscribe = state.add_subscriber(lambda epoch, changes: self._queue.put((epoch, changes)),
-                                                 on_end=self._end)
+        self._unsubscribe, epoch, rows = state.subscribe_from_now(
+            lambda epoch, changes: self._queue.put((epoch, changes)), self._end)
+        if initial:
+            self._queue.put((epoch, list(rows.items())))
 
     def _end(self, failure: str | None) -> None:
         self._ended = failure

@@ -1,0 +1,133 @@
+"""Which client listens to what: shared query interests and attribute subscriptions.
+
+An interest names a query. The first client interested under a name installs it in the
+engine; a later client naming the same query (the same EDN form, inputs and join, however
+the text is spaced) shares that one dataflow; a different query under a taken name is a
+conflict. The dataflow is torn down with its last interested client. Every epoch's
+changes of a query fan out from one engine subscriber to the outboxes of the clients
+interested in it, and an attribute's changes to the clients subscribed to it.
+
+Only the command thread (:mod:`factflow.server.worker`) touches this registry.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Callable
+
+from factflow import edn
+from factflow.engine.engine import Engine
+from factflow.engine.query import Query
+from factflow.server.protocol import ProtocolError
+
+__all__ = ["Interests", "Listener", "Push"]
+
+#: ``push(listener, kind, name, epoch, changes, first)`` queues changes for a client.
+Push = Callable[["Listener", str, str, int, list, bool], None]
+
+
+class Listener:
+    """What the registry knows of a client: an id and what it listens to."""
+
+    def __init__(self, client_id: str):
+        self.client_id = client_id
+        self.queries: set[str] = set()
+        self.attributes: set[str] = set()
+
+
+@dataclass
+class _Shared:
+    """One installed query and the clients interested in it."""
+
+    identity: tuple
+    query: Query
+    listeners: dict[str, Listener] = field(default_factory=dict)
+
+
+class Interests:
+    """The registry of shared queries and attribute subscriptions of one server."""
+
+    def __init__(self, engine: Engine, push: Push):
+        self.engine = engine
+        self._push = push
+        self._queries: dict[str, _Shared] = {}
+        self._attributes: dict[str, tuple[dict[str, Listener], Callable[[], None]]] = {}
+
+    def interest(self, listener: Listener, name: str, text: str, inputs: list, join: str) -> Query:
+        """Add ``listener`` to the query ``name`` (installing it if new); pushes its current
+        result as the first change and returns the query."""
+        identity = _identity(text, inputs, join)
+        shared = self._queries.get(name)
+        if shared is None:
+            query = self.engine.query(text, name=name, inputs=inputs, join=join)
+            shared = self._queries[name] = _Shared(identity, query)
+            query.subscribe(lambda epoch, changes, s=shared: self._fan_out(s, epoch, changes))
+        elif shared.identity != identity:
+            raise ProtocolError("conflict", f"a different query is installed under the name {name!r}")
+        elif listener.client_id in shared.listeners:
+            raise ProtocolError("conflict", f"already interested in {name!r}")
+        shared.listeners[listener.client_id] = listener
+        listener.queries.add(name)
+        current = list(shared.query.rows().items())
+        self._push(listener, "diff", name, self.engine.epoch, current, True)
+        return shared.query
+
+    def uninterest(self, listener: Listener, name: str) -> None:
+        """Remove ``listener`` from the query ``name``; the last one out closes the query."""
+        shared = self._queries.get(name)
+        if shared is None or listener.client_id not in shared.listeners:
+            raise ProtocolError("not-found", f"not interested in a query named {name!r}")
+        del shared.listeners[listener.client_id]
+        listener.queries.discard(name)
+        if not shared.listeners:
+            del self._queries[name]
+            shared.query.close()
+
+    def subscribe(self, listener: Listener, attribute: str) -> None:
+        """Send ``listener`` every later change of ``attribute``."""
+        key = str(self.engine.schema.get(attribute).name)
+        entry = self._attributes.get(key)
+        if entry is None:
+            listeners: dict[str, Listener] = {}
+            unsubscribe = self.engine.subscribe_attribute(
+                key, lambda epoch, changes, ls=listeners: self._fan_out_attribute(key, ls, epoch, changes))
+            entry = self._attributes[key] = (listeners, unsubscribe)
+        entry[0][listener.client_id] = listener
+        listener.attributes.add(key)
+
+    def release(self, listener: Listener) -> None:
+        """Drop everything a departing client listened to."""
+        for name in list(listener.queries):
+            self.uninterest(listener, name)
+        for key in list(listener.attributes):
+            listeners, unsubscribe = self._attributes[key]
+            listeners.pop(listener.client_id, None)
+            if not listeners:
+                unsubscribe()
+                del self._attributes[key]
+        listener.attributes.clear()
+
+    def query(self, name: str) -> Query:
+        """The installed query ``name``."""
+        shared = self._queries.get(name)
+        if shared is None:
+            raise ProtocolError("not-found", f"no query named {name!r} is installed")
+        return shared.query
+
+    def counts(self) -> dict[str, int]:
+        """Interested clients per installed query."""
+        return {name: len(shared.listeners) for name, shared in self._queries.items()}
+
+    def _fan_out(self, shared: _Shared, epoch: int, changes: list) -> None:
+        for listener in list(shared.listeners.values()):
+            self._push(listener, "diff", shared.query.name, epoch, changes, False)
+
+    def _fan_out_attribute(self, key: str, listeners: dict[str, Listener], epoch: int, changes: list) -> None:
+        for listener in list(listeners.values()):
+            self._push(listener, "attribute", key, epoch, changes, False)
+
+
+def _identity(text: str, inputs: list, join: str) -> tuple:
+    """What makes two interests the same query: the parsed EDN form, the inputs and the join."""
+    return edn.write(edn.read(text)), json.dumps(inputs, sort_keys=True, default=str), join

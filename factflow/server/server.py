@@ -1,0 +1,333 @@
+"""The factflow server: one engine, many clients over WebSocket.
+
+Each connection is served by one coroutine that reads its frames and handles its
+requests in the order sent, and one writer task that sends its :class:`Outbox` (replies
+and pushed changes, in the order they were produced). Requests that read or change the
+engine go to the command thread (:mod:`factflow.server.worker`), which runs them in one
+total order and groups concurrent transactions into epochs; ``hello`` and ``shutdown``
+are answered on the event loop. See docs/protocol.md for the protocol.
+
+Security: the server binds 127.0.0.1 unless told otherwise, and refuses any other
+address without a token. With a token, every op but ``hello`` needs a connection that
+presented it (in ``hello`` or as an ``Authorization: Bearer`` header), and ``shutdown``
+needs it too; without one, ``shutdown`` is accepted from loopback only.
+
+Stopping (:meth:`Server.stop`, SIGINT/SIGTERM under :func:`serve`): stop accepting, let
+the running command finish (an epoch is never cut short), refuse queued commands, send
+every client what is queued for it, close each connection with 1001 (going away), and
+close the engine if the server opened it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import ipaddress
+import itertools
+import logging
+import signal
+import threading
+from typing import Any, Callable
+
+from websockets.asyncio.server import ServerConnection, serve as ws_serve
+from websockets.exceptions import ConnectionClosed
+
+from factflow.engine.engine import Engine
+from factflow.errors import FactflowError
+from factflow.server.interests import Interests, Listener
+from factflow.server.outbox import Outbox
+from factflow.server.protocol import PROTOCOL_VERSION, ProtocolError, Request, encode, parse_frame, reply_error, reply_ok
+from factflow.server.worker import Command, Worker
+
+__all__ = ["Server", "ServerConfig", "ServerThread", "ServerStartError", "serve", "LOOPBACK_HOSTS"]
+
+log = logging.getLogger("factflow.server")
+
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+_CLIENT_IDS = itertools.count(1)
+
+
+class ServerStartError(FactflowError):
+    """The server cannot start as asked (for example an exposed address without a token)."""
+
+
+def _check_exposure(host: str, token: str | None) -> None:
+    if host not in LOOPBACK_HOSTS and not token:
+        raise ServerStartError(f"refusing to serve on {host} without a token: anyone who can reach it could "
+                               f"change the data; give --token-file (or bind 127.0.0.1)")
+
+
+class ServerConfig:
+    """Limits of a server: ``max_frame_bytes`` (a larger frame closes the connection with
+    1009), ``max_waiting_rows`` (change rows waiting for a slow client before it is
+    dropped with 1008)."""
+
+    def __init__(self, max_frame_bytes: int = 16 * 1024 * 1024, max_waiting_rows: int = 1_000_000):
+        self.max_frame_bytes = max_frame_bytes
+        self.max_waiting_rows = max_waiting_rows
+
+
+class _Connection:
+    """One connected client: its socket, outbox, listener and whether it presented the token."""
+
+    def __init__(self, ws: ServerConnection, outbox: Outbox, authenticated: bool):
+        self.ws = ws
+        self.outbox = outbox
+        self.listener = Listener(f"c{next(_CLIENT_IDS)}")
+        self.authenticated = authenticated
+        self.writer: asyncio.Task | None = None
+
+    @property
+    def loopback(self) -> bool:
+        try:
+            return ipaddress.ip_address(self.ws.remote_address[0]).is_loopback
+        except (TypeError, ValueError, IndexError):
+            return False
+
+
+class Server:
+    """Serves one engine to WebSocket clients; run it with :meth:`run` on an event loop."""
+
+    def __init__(self, engine: Engine, host: str = "127.0.0.1", port: int = 6262, token: str | None = None,
+                 config: ServerConfig | None = None, owns_engine: bool = False):
+        _check_exposure(host, token)
+        self.engine = engine
+        self.host = host
+        self.port = port
+        self.token = token
+        self.config = config or ServerConfig()
+        self.owns_engine = owns_engine
+        self._connections: dict[str, _Connection] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop_requested: asyncio.Event | None = None
+        self.interests = Interests(engine, self._push_threadsafe)
+        self.worker = Worker(engine, self.interests, self._done_threadsafe, lambda: len(self._connections))
+        self.url: str | None = None
+
+    # ------------------------------------------------------------ running
+    async def run(self, ready: Callable[[str], None] | None = None) -> None:
+        """Serve until :meth:`stop` is called; ``ready(url)`` is called once clients can connect."""
+        self._loop = asyncio.get_running_loop()
+        self._stop_requested = asyncio.Event()
+        self.worker.start()
+        async with ws_serve(self._serve_connection, self.host, self.port, max_size=self.config.max_frame_bytes,
+                            max_queue=16, logger=logging.getLogger("factflow.server.websockets")) as server:
+            port = server.sockets[0].getsockname()[1]
+            shown = f"[{self.host}]" if ":" in self.host else self.host
+            self.url = f"ws://{shown}:{port}/"
+            log.info("serving %s", self.url)
+            if ready is not None:
+                ready(self.url)
+            await self._stop_requested.wait()
+            server.close(close_connections=False)  # stop accepting
+            await asyncio.to_thread(self.worker.stop)  # the running command finishes, queued ones are refused
+            await asyncio.gather(*(self._farewell(c) for c in list(self._connections.values())),
+                                 return_exceptions=True)
+            await server.wait_closed()
+        if self.owns_engine:
+            await asyncio.to_thread(self.engine.close)
+
+    def stop(self) -> None:
+        """Ask the server to stop (from any thread)."""
+        if self._loop is not None and self._stop_requested is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._stop_requested.set)
+
+    async def _farewell(self, connection: _Connection) -> None:
+        connection.outbox.close()
+        if connection.writer is not None:
+            await connection.writer
+        await connection.ws.close(1001, "the server is shutting down")
+
+    # ------------------------------------------------------------ one connection
+    async def _serve_connection(self, ws: ServerConnection) -> None:
+        connection = _Connection(ws, Outbox(self.config.max_waiting_rows), self._bearer_ok(ws))
+        self._connections[connection.listener.client_id] = connection
+        connection.writer = asyncio.create_task(self._write(connection))
+        try:
+            async for frame in ws:
+                if isinstance(frame, bytes):
+                    connection.outbox.reply(reply_error(None, "unsupported",
+                                                        "binary frames are not supported: send UTF-8 JSON text"))
+                    continue
+                try:
+                    requests = parse_frame(frame)
+                except ProtocolError as exc:
+                    connection.outbox.reply(reply_error(None, exc.category, str(exc)))
+                    continue
+                for request in requests:
+                    if isinstance(request, ProtocolError):
+                        connection.outbox.reply(reply_error(request.request_id, request.category, str(request)))
+                    else:
+                        await self._handle(connection, request)
+        except ConnectionClosed:
+            pass
+        finally:
+            del self._connections[connection.listener.client_id]
+            connection.outbox.close()
+            self.worker.submit(Command("release", {}, connection.listener))
+            if connection.writer is not None and not connection.writer.done():
+                connection.writer.cancel()
+
+    async def _handle(self, connection: _Connection, request: Request) -> None:
+        if request.op == "hello":
+            self._hello(connection, request)
+            return
+        if not connection.authenticated:
+            connection.outbox.reply(reply_error(request.id, "forbidden", "send hello with the server's token first"))
+            return
+        if request.op == "shutdown":
+            if self.token is None and not connection.loopback:
+                connection.outbox.reply(reply_error(request.id, "forbidden", "shutdown is accepted from loopback only"))
+                return
+            connection.outbox.reply(reply_ok(request.id, {}))
+            self.stop()
+            return
+        if request.op == "interest":
+            connection.outbox.set_granularity(request.fields["name"], request.fields.get("granularity"))
+        finished = asyncio.get_running_loop().create_future()
+        self.worker.submit(Command(request.op, request.fields, connection.listener,
+                                   context=(connection, request, finished)))
+        await finished
+
+    def _hello(self, connection: _Connection, request: Request) -> None:
+        version = request.fields["protocol"]
+        if version != PROTOCOL_VERSION:
+            connection.outbox.reply(reply_error(request.id, "unsupported",
+                                                f"protocol {version} is not supported; this server speaks {PROTOCOL_VERSION}"))
+            return
+        if self.token is not None and not connection.authenticated:
+            if not self._token_ok(request.fields.get("token")):
+                connection.outbox.reply(reply_error(request.id, "forbidden", "wrong or missing token"))
+                return
+            connection.authenticated = True
+        connection.outbox.reply(reply_ok(request.id, {"protocol": PROTOCOL_VERSION,
+                                                      "client": connection.listener.client_id,
+                                                      "epoch": self.engine.epoch}))
+
+    async def _write(self, connection: _Connection) -> None:
+        outbox = connection.outbox
+        while True:
+            message = await outbox.next()
+            if message is None:
+                break
+            try:
+                await connection.ws.send(encode(message))
+            except ConnectionClosed:
+                return
+        if outbox.overflowed:
+            log.warning("client %s dropped: more than %d change rows waiting", connection.listener.client_id,
+                        outbox.max_rows)
+            await connection.ws.close(1008, f"too slow: more than {outbox.max_rows} change rows waiting")
+
+    # ------------------------------------------------------------ from the command thread
+    def _push_threadsafe(self, listener: Listener, kind: str, name: str, epoch: int, changes: list,
+                         first: bool) -> None:
+        self._loop.call_soon_threadsafe(self._push, listener.client_id, kind, name, epoch, changes, first)
+
+    def _push(self, client_id: str, kind: str, name: str, epoch: int, changes: list, first: bool) -> None:
+        connection = self._connections.get(client_id)
+        if connection is None:
+            return
+        connection.outbox.changes(kind, name, epoch, changes, always=first)
+        if connection.outbox.overflowed:
+            connection.outbox.close()
+            if connection.writer is not None and not connection.writer.done():
+                connection.writer.cancel()
+                asyncio.ensure_future(connection.ws.close(
+                    1008, f"too slow: more than {connection.outbox.max_rows} change rows waiting"))
+
+    def _done_threadsafe(self, command: Command, result: Any, error: ProtocolError | None) -> None:
+        if command.context is not None:
+            self._loop.call_soon_threadsafe(self._done, command, result, error)
+
+    def _done(self, command: Command, result: Any, error: ProtocolError | None) -> None:
+        connection, request, finished = command.context
+        if error is None:
+            connection.outbox.reply(reply_ok(request.id, result))
+        else:
+            if request.op == "interest":
+                connection.outbox.forget(request.fields["name"])
+            connection.outbox.reply(reply_error(request.id, error.category, str(error)))
+        if not finished.done():
+            finished.set_result(None)
+
+    # ------------------------------------------------------------ tokens
+    def _token_ok(self, presented: Any) -> bool:
+        return isinstance(presented, str) and self.token is not None and hmac.compare_digest(
+            presented.encode(), self.token.encode())
+
+    def _bearer_ok(self, ws: ServerConnection) -> bool:
+        if self.token is None:
+            return True
+        header = ws.request.headers.get("Authorization", "") if ws.request is not None else ""
+        scheme, _, value = header.partition(" ")
+        return scheme.lower() == "bearer" and self._token_ok(value.strip())
+
+
+class ServerThread:
+    """A server on a background thread (for tests and embedding): ``with ServerThread(engine) as s: s.url``.
+
+    Binds a free port on 127.0.0.1 unless ``port`` is given; the engine stays the caller's.
+    """
+
+    def __init__(self, engine: Engine, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
+                 config: ServerConfig | None = None):
+        self.server = Server(engine, host, port, token, config)
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._main, name="factflow-server", daemon=True)
+
+    def _main(self) -> None:
+        try:
+            asyncio.run(self.server.run(ready=lambda url: self._ready.set()))
+        except BaseException as exc:  # noqa: BLE001 - reported to the starting thread
+            self._error = exc
+            self._ready.set()
+
+    @property
+    def url(self) -> str:
+        """The server's ``ws://`` address."""
+        return self.server.url
+
+    def start(self) -> "ServerThread":
+        """Start and wait until clients can connect."""
+        self._thread.start()
+        self._ready.wait()
+        if self._error is not None:
+            raise ServerStartError(f"the server did not start: {self._error}") from self._error
+        return self
+
+    def stop(self) -> None:
+        """Stop the server and wait for it."""
+        self.server.stop()
+        self._thread.join()
+
+    def __enter__(self) -> "ServerThread":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def serve(host: str = "127.0.0.1", port: int = 6262, master: str | None = None, token: str | None = None,
+          state_dir: str | None = None, announce: Callable[[str], None] = print) -> int:
+    """Run a server in the foreground until SIGINT/SIGTERM or a ``shutdown`` request; returns 0.
+
+    ``announce`` receives the line ``factflow serving ws://HOST:PORT`` once clients can connect.
+    """
+    _check_exposure(host, token)
+    engine = Engine(master=master, state_dir=state_dir)
+    server = Server(engine, host, port, token, owns_engine=True)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, server.stop)
+        await server.run(ready=lambda url: announce(f"factflow serving {url.rstrip('/')}"))
+
+    try:
+        asyncio.run(main())
+    except OSError as exc:
+        engine.close()
+        raise ServerStartError(f"cannot serve on {host}:{port}: {exc.strerror or exc}") from exc
+    return 0

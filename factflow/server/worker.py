@@ -1,0 +1,230 @@
+"""The command thread: every request that reads or changes the engine, in one total order.
+
+Client connections (on the event loop) submit :class:`Command` objects; one thread takes
+them first come, first served and runs them against the engine, so every client sees
+one order of commands and of epochs. Spark calls block, which is why this is a thread
+and not a coroutine: the event loop keeps reading, replying and pushing meanwhile.
+
+Group commit: when the thread is free, it takes every transaction waiting at the front
+of the queue at once and applies them with :meth:`factflow.Engine.transact_many` (one
+epoch for all that are compatible, each validated on its own); transactions that arrive
+while an epoch runs therefore land together in the next one.
+
+A command's outcome reaches its client through ``done(command, result, error)``, which
+the server turns into a reply queued behind the diffs the command's epoch pushed.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import logging
+import threading
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from factflow.engine.engine import Engine
+from factflow.errors import EdnSyntaxError, EngineClosedError, QueryError, SchemaError, TransactionError
+from factflow.server.interests import Interests, Listener
+from factflow.server.protocol import PROTOCOL_VERSION, ProtocolError
+
+__all__ = ["Command", "Worker"]
+
+log = logging.getLogger("factflow.server")
+
+
+@dataclass
+class Command:
+    """One request of one client (or the server's own ``release`` of a departed client)."""
+
+    op: str
+    fields: dict[str, Any]
+    listener: Listener
+    context: Any = None  # what the server needs to reply (the request id and connection), opaque here
+
+
+Done = Callable[[Command, Any, ProtocolError | None], None]
+
+
+class Worker:
+    """Runs commands one at a time (transactions grouped) on a thread of its own."""
+
+    def __init__(self, engine: Engine, interests: Interests, done: Done, client_count: Callable[[], int]):
+        self.engine = engine
+        self.interests = interests
+        self._done = done
+        self._client_count = client_count
+        self._queue: deque[Command] = deque()
+        self._wake = threading.Condition()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="factflow-commands", daemon=True)
+        self.epochs_grouped = 0  # transactions that shared an epoch with another (for status)
+
+    def start(self) -> None:
+        """Start taking commands."""
+        self._thread.start()
+
+    def submit(self, command: Command) -> None:
+        """Queue a command; refused with an error once the server is stopping."""
+        with self._wake:
+            if not self._stopping:
+                self._queue.append(command)
+                self._wake.notify()
+                return
+        self._done(command, None, ProtocolError("unsupported", "the server is shutting down"))
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Finish the running command, refuse what waits, and end the thread."""
+        with self._wake:
+            self._stopping = True
+            waiting = list(self._queue)
+            self._queue.clear()
+            self._wake.notify()
+        for command in waiting:
+            if command.op == "release":
+                self._execute(command)
+            else:
+                self._done(command, None, ProtocolError("unsupported", "the server is shutting down"))
+        self._thread.join(timeout)
+
+    # ------------------------------------------------------------ the thread
+    def _take(self) -> list[Command] | None:
+        with self._wake:
+            while not self._queue and not self._stopping:
+                self._wake.wait()
+            if not self._queue:
+                return None
+            first = self._queue.popleft()
+            taken = [first]
+            if first.op == "transact":
+                while self._queue and self._queue[0].op == "transact":
+                    taken.append(self._queue.popleft())
+            return taken
+
+    def _run(self) -> None:
+        while True:
+            taken = self._take()
+            if taken is None:
+                return
+            if taken[0].op == "transact":
+                self._transact(taken)
+            else:
+                self._execute(taken[0])
+
+    def _transact(self, commands: list[Command]) -> None:
+        transactions = []
+        for command in commands:
+            try:
+                transactions.append(self._json_instants(command.fields["tx"]))
+            except ProtocolError as exc:
+                transactions.append(exc)
+        ready = [t for t in transactions if not isinstance(t, ProtocolError)]
+        try:
+            outcomes = iter(self.engine.transact_many(ready))
+        except Exception as exc:  # noqa: BLE001 - every command must get its reply
+            error = _as_protocol_error(exc)
+            for command in commands:
+                self._done(command, None, error)
+            return
+        if len(ready) > 1:
+            self.epochs_grouped += len(ready)
+        for command, tx in zip(commands, transactions):
+            outcome = tx if isinstance(tx, ProtocolError) else next(outcomes)
+            if isinstance(outcome, Exception):
+                self._done(command, None, _as_protocol_error(outcome))
+            else:
+                self._done(command, {"epoch": outcome}, None)
+
+    def _execute(self, command: Command) -> None:
+        try:
+            result = getattr(self, "_op_" + command.op.replace("-", "_"))(command.listener, **command.fields)
+        except Exception as exc:  # noqa: BLE001 - every command must get its reply
+            self._done(command, None, _as_protocol_error(exc))
+            return
+        self._done(command, result, None)
+
+    # ------------------------------------------------------------ the ops
+    def _op_create_attribute(self, listener: Listener, name: str, type: str = "string",
+                             semantics: str = "set") -> dict:
+        try:
+            existing = self.engine.schema.get(name)
+        except SchemaError:
+            existing = None
+        if existing is not None and (existing.value_type, existing.semantics) != (type, semantics):
+            raise ProtocolError("conflict", f"attribute {existing.name} already exists as "
+                                            f"{existing.value_type}/{existing.semantics}")
+        attribute = self.engine.create_attribute(name, type=type, semantics=semantics)
+        return {"name": str(attribute.name), "type": attribute.value_type, "semantics": attribute.semantics}
+
+    def _op_register(self, listener: Listener, rules: str) -> dict:
+        return {"rules": self.engine.register(rules)}
+
+    def _op_interest(self, listener: Listener, name: str, query: str, inputs: list | None = None,
+                     join: str = "auto", granularity: float | None = None) -> dict:
+        # the granularity is the connection's business (its outbox holds diffs back)
+        installed = self.interests.interest(listener, name, query, list(inputs or []), join)
+        return {"epoch": self.engine.epoch, "columns": installed.columns}
+
+    def _op_uninterest(self, listener: Listener, name: str) -> dict:
+        self.interests.uninterest(listener, name)
+        return {}
+
+    def _op_subscribe(self, listener: Listener, attribute: str) -> dict:
+        self.interests.subscribe(listener, attribute)
+        return {"epoch": self.engine.epoch}
+
+    def _op_query(self, listener: Listener, query: str, inputs: list | None = None) -> dict:
+        installed = self.engine.query(query, inputs=list(inputs or []))
+        try:
+            rows = [list(row) for row, n in installed.rows().items() for _ in range(max(n, 0))]
+            return {"rows": rows, "columns": installed.columns}
+        finally:
+            installed.close()
+
+    def _op_explain(self, listener: Listener, name: str) -> dict:
+        return {"text": self.interests.query(name).explain()}
+
+    def _op_status(self, listener: Listener) -> dict:
+        return {"protocol": PROTOCOL_VERSION, "epoch": self.engine.epoch, "clients": self._client_count(),
+                "queries": self.interests.counts(), "stats": self.engine.stats()}
+
+    def _op_release(self, listener: Listener) -> None:
+        self.interests.release(listener)
+
+    # ------------------------------------------------------------ helpers
+    def _json_instants(self, tx: Any) -> Any:
+        """JSON operation lists carry instants as ISO-8601 text: parse them for instant attributes."""
+        if not isinstance(tx, list):
+            return tx
+        converted = []
+        for position, op in enumerate(tx):
+            if isinstance(op, list) and len(op) == 4 and isinstance(op[3], str) and isinstance(op[2], str):
+                try:
+                    attribute = self.engine.schema.get(op[2])
+                except SchemaError:
+                    attribute = None
+                if attribute is not None and attribute.value_type == "instant":
+                    op = [op[0], op[1], op[2], _instant(op[3], position)]
+            converted.append(op)
+        return converted
+
+
+def _instant(text: str, position: int) -> _dt.datetime:
+    try:
+        value = _dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise ProtocolError("incorrect", f"operation {position}: {text!r} is not an ISO-8601 instant") from None
+    return value if value.tzinfo else value.replace(tzinfo=_dt.timezone.utc)
+
+
+def _as_protocol_error(exc: BaseException) -> ProtocolError:
+    """The error reply for an exception: bad input is ``incorrect``, our failures are ``fault``."""
+    if isinstance(exc, ProtocolError):
+        return exc
+    if isinstance(exc, (TransactionError, EdnSyntaxError, SchemaError, QueryError)):
+        return ProtocolError("incorrect", str(exc))
+    if isinstance(exc, EngineClosedError):
+        return ProtocolError("unsupported", "the server is shutting down")
+    log.error("command failed", exc_info=exc)
+    return ProtocolError("fault", f"{type(exc).__name__}: {exc}")
+

@@ -119,19 +119,19 @@ def query(args: argparse.Namespace) -> int:
             answer = client.request("query", query=args.edn, inputs=args.inputs or None)
             _print_table(answer["columns"], answer["rows"])
             return 0
-        remote = client.query(args.edn, name=args.name, inputs=args.inputs)
-        updates = remote.updates(initial=True)
-        epoch, current = next(updates)
-        _print_table(remote.columns, [row for row, n in current for _ in range(n)], epoch)
-        if not args.follow:
-            return 0
-        try:
-            for epoch, changes in updates:
-                for row, diff in sorted(changes, key=lambda change: change[1] > 0):  # retractions first
-                    sign = ("+" if diff > 0 else "-") + (str(abs(diff)) if abs(diff) != 1 else "")
-                    print(f"epoch {epoch}  {sign} {'  '.join(_cell(v) for v in row)}", flush=True)
-        except KeyboardInterrupt:  # the way to stop following
-            pass
+        with client.query(args.edn, name=args.name, inputs=args.inputs) as remote:
+            updates = remote.updates(initial=True)
+            epoch, current = next(updates)
+            _print_table(remote.columns, [row for row, n in current for _ in range(n)], epoch)
+            if not args.follow:
+                return 0
+            try:
+                for epoch, changes in updates:
+                    for row, diff in sorted(changes, key=lambda change: change[1] > 0):  # retractions first
+                        sign = ("+" if diff > 0 else "-") + (str(abs(diff)) if abs(diff) != 1 else "")
+                        print(f"epoch {epoch}  {sign} {'  '.join(_cell(v) for v in row)}", flush=True)
+            except KeyboardInterrupt:  # the way to stop following
+                pass
     return 0
 
 

@@ -26,6 +26,13 @@ refs and doubles as numbers, strings, booleans, and instants as ISO-8601 strings
 client does not know column types; convert with ``datetime.fromisoformat``). Sending,
 a ``datetime`` becomes an ISO-8601 string, which the server reads for instant attributes.
 
+Diffs. Each diff message is consolidated; a client that reads slowly gets the changes of
+several epochs folded into one diff (at the latest of them), and an interest with
+``granularity=G`` gets at most one diff per G seconds, folded the same way (so a
+transaction's own changes to such a query may arrive after ``transact`` returns). Every
+other query this client is interested in has its diffs of epoch N in hand when
+``transact`` returns N (read-your-writes).
+
 Sharing. A query without a name is named after its text, inputs and join, so clients
 asking the same query share one dataflow on the server; give a name to find it in
 ``status()`` and ``explain(name)``. One client cannot be interested twice in one name.

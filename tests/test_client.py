@@ -310,7 +310,7 @@ def test_the_async_client_mirrors_the_blocking_one(server, ns, engine_served):
             await c.transact([add(3, f":{ns}/name", "Cy")])
             assert feed == [[((3, "Cy"), 1)]]
             assert await c.register(f"[[(named ?x ?n) [?x :{ns}/name ?n]]]") == ["named"]
-            assert sorted(await c.q(f"[:find ?n :where (named _ ?n)]")) == [("Ann",), ("Bo",), ("Cy",)]
+            assert sorted(await c.q("[:find ?n :where (named _ ?n)]")) == [("Ann",), ("Bo",), ("Cy",)]
             assert f"{ns}-friends" in await friends.explain()
             status = await c.status()
             assert status["queries"][f"{ns}-friends"] == 1 and status["epoch"] == epoch + 1

@@ -71,7 +71,7 @@ class AsyncClient:
     async def _open(self) -> None:
         try:
             self._ws = await connect(self.url, open_timeout=self._connect_timeout, max_size=None)
-        except (OSError, InvalidHandshake, InvalidURI, TimeoutError) as exc:
+        except (OSError, InvalidHandshake, InvalidURI, TimeoutError, asyncio.TimeoutError) as exc:
             raise ConnectionClosedError(f"cannot connect to {self.url}: {exc}") from exc
         self._reader = asyncio.create_task(self._read(), name="factflow-client-reader")
         try:
@@ -101,7 +101,7 @@ class AsyncClient:
         name = name or default_query_name(query, inputs, join)
         if name in self._queries:
             raise ServerError("conflict", f"this client is already interested in a query named {name!r}", "interest")
-        state = self._queries[name] = QueryState(name, query, inputs, join)
+        state = self._queries[name] = QueryState(name)
         try:
             result = await self.request("interest", name=name, query=query, inputs=list(inputs) or None, join=join,
                                         granularity=granularity)
@@ -165,7 +165,7 @@ class AsyncClient:
             except ConnectionClosed:
                 pass  # the reader fails every waiting request, this one too, saying why
             message = await asyncio.wait_for(reply, self.timeout)
-        except TimeoutError:
+        except asyncio.TimeoutError:  # TimeoutError itself from Python 3.11 on
             raise RequestTimeoutError(f"{op}: no reply from {self.url} within {self.timeout} s; "
                                       f"the server may still carry the request out") from None
         finally:
@@ -282,8 +282,9 @@ class AsyncRemoteQuery(QueryHandle):
 
 class AsyncUpdates:
     """A query's diffs as an async iterator of ``(epoch, [(row, diff), ...])``, from the
-    moment it was made (see :meth:`AsyncRemoteQuery.updates`). It stops when the query or the client is closed, and raises
-    :class:`~factflow.errors.ConnectionClosedError` when the connection is lost."""
+    moment it was made (see :meth:`AsyncRemoteQuery.updates`). It stops when the query or
+    the client is closed, and raises :class:`~factflow.errors.ConnectionClosedError` when
+    the connection is lost."""
 
     _END = object()
 

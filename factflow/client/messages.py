@@ -4,9 +4,10 @@ Requests go out as JSON text (instants as ISO-8601 strings); a frame that comes 
 one message or an array of them, each a reply (it has an ``id``) or a pushed change (it
 has a ``type``). :func:`reply_result` turns a reply into its result or raises the
 :class:`~factflow.errors.ServerError` it carries; :func:`read_push` turns a pushed message
-into a :class:`Push` with rows as tuples. :class:`QueryState` sums a query's pushed diffs
-into its current result, for :class:`factflow.client.RemoteQuery` and
-:class:`factflow.client.AsyncRemoteQuery`.
+into a :class:`Push` with rows as tuples. :class:`Subscribers` holds the functions
+subscribed to a query or attribute; :class:`QueryState` also sums a query's pushed diffs
+into its current result, which :class:`QueryHandle`, the base of
+:class:`factflow.client.RemoteQuery` and :class:`factflow.client.AsyncRemoteQuery`, shows.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ from websockets.frames import CloseCode
 
 from factflow.errors import ConnectionClosedError, EngineClosedError, ServerError
 
-__all__ = ["PROTOCOL_VERSION", "Push", "QueryHandle", "QueryState", "Subscriber", "Subscribers", "encode_request", "decode_frame",
-           "is_push", "reply_result", "read_push", "as_row", "close_description", "default_query_name"]
+__all__ = ["PROTOCOL_VERSION", "Push", "QueryHandle", "QueryState", "Subscriber", "Subscribers", "encode_request",
+           "decode_frame", "is_push", "reply_result", "read_push", "as_row", "close_description", "default_query_name"]
 
 log = logging.getLogger("factflow.client")
 
@@ -193,12 +194,9 @@ class QueryState(Subscribers):
     The reader of the connection calls :meth:`apply`; any thread may call :meth:`results`.
     """
 
-    def __init__(self, name: str, text: str, inputs: Sequence[Any], join: str):
+    def __init__(self, name: str):
         super().__init__()
         self.name = name
-        self.text = text
-        self.inputs = list(inputs)
-        self.join = join
         self.columns: list[str] = []
         self.epoch: int | None = None
         self.closed = False

@@ -30,8 +30,8 @@ from websockets.frames import CloseCode
 from websockets.sync.client import ClientConnection, connect
 
 from factflow.client.messages import (
-    PROTOCOL_VERSION, Push, QueryHandle, QueryState, Subscriber, Subscribers, as_row, close_description, decode_frame, default_query_name,
-    encode_request, is_push, read_push, reply_result,
+    PROTOCOL_VERSION, Push, QueryHandle, QueryState, Subscriber, Subscribers, as_row, close_description, decode_frame,
+    default_query_name, encode_request, is_push, read_push, reply_result,
 )
 from factflow.errors import ConnectionClosedError, RequestTimeoutError, ServerError
 
@@ -118,7 +118,7 @@ class Client:
         refused (``conflict``), as the server refuses it.
         """
         name = name or default_query_name(query, inputs, join)
-        state = QueryState(name, query, inputs, join)
+        state = QueryState(name)
         with self._lock:
             if name in self._queries:
                 raise ServerError("conflict", f"this client is already interested in a query named {name!r}",
@@ -326,8 +326,9 @@ class RemoteQuery(QueryHandle):
 
 class Updates:
     """A query's diffs as a blocking iterator of ``(epoch, [(row, diff), ...])``, from the
-    moment it was made (see :meth:`RemoteQuery.updates`). It stops when the query or the client is closed, and raises
-    :class:`~factflow.errors.ConnectionClosedError` when the connection is lost."""
+    moment it was made (see :meth:`RemoteQuery.updates`). It stops when the query or the
+    client is closed, and raises :class:`~factflow.errors.ConnectionClosedError` when the
+    connection is lost."""
 
     _END = object()
 

@@ -102,7 +102,8 @@ class Outbox:
         item = _Changes(kind, name, epoch, changes)
         if not item.rows and not always:
             return
-        self._waiting[key] = item
+        if not always:  # a query's first result stays exactly the result at its epoch
+            self._waiting[key] = item
         self._queue.append(item)
         self._grow(len(item.rows))
         self._ready.set()
@@ -147,7 +148,8 @@ class Outbox:
             return None
         item = self._queue.popleft()
         if isinstance(item, _Changes):
-            self._waiting.pop((item.kind, item.name), None)
+            if self._waiting.get((item.kind, item.name)) is item:
+                del self._waiting[(item.kind, item.name)]
             self._rows -= len(item.rows)
             if item.kind == "diff":
                 self._last_sent[item.name] = time.monotonic()

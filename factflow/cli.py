@@ -163,14 +163,18 @@ def _connect(args: argparse.Namespace):
     """A client of the server ``args.url``, with the token of ``args.token_file`` if given."""
     from factflow.client import Client
 
-    token = None
-    if args.token_file:
-        try:
-            with open(args.token_file, encoding="utf-8") as file:
-                token = file.read().strip()
-        except OSError as exc:
-            raise FactflowError(f"cannot read the token file {args.token_file}: {exc.strerror or exc}") from exc
-    return Client(args.url, token=token)
+    return Client(args.url, token=_read_token(args.token_file))
+
+
+def _read_token(path: str | None) -> str | None:
+    """The token held in the file ``path`` (surrounding whitespace removed), or None without a file."""
+    if path is None:
+        return None
+    try:
+        with open(path, encoding="utf-8") as file:
+            return file.read().strip()
+    except OSError as exc:
+        raise FactflowError(f"cannot read the token file {path}: {exc.strerror or exc}") from exc
 
 
 def _json_array(text: str) -> list:

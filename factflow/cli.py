@@ -5,7 +5,9 @@ Each command is a handler ``handler(args) -> exit status`` attached to its subpa
 one subparser. A :class:`~factflow.errors.FactflowError` from a handler prints
 ``factflow: <message>`` on stderr and exits with status 1.
 
-Commands talking to a server take its ``ws://HOST:PORT/`` address and ``--token-file``::
+``factflow serve [--host H] [--port P] [--master URL] [--token-file FILE]`` runs the
+server in the foreground (it prints ``factflow serving ws://H:P`` when ready). Commands
+talking to a server take its ``ws://HOST:PORT/`` address and ``--token-file``::
 
     factflow tx URL EDN            apply a transaction (EDN text, or - for stdin); prints the epoch
     factflow query URL EDN         print the rows of a query as a table
@@ -67,6 +69,16 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--master", help="Spark master (default: local[*])")
     sub.set_defaults(handler=demo)
 
+    sub = commands.add_parser("serve", parents=[common], help="serve one engine to many clients over WebSocket")
+    sub.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; others need --token-file)")
+    sub.add_argument("--port", type=int, default=6262, help="port (default 6262; 0 picks a free one)")
+    sub.add_argument("--master", help="Spark master (default: local[*])")
+    sub.add_argument("--token-file", metavar="FILE", help="a file holding the token clients must present")
+    sub.add_argument("--max-frame-mib", type=float, default=16, help="largest frame accepted, in MiB (default 16)")
+    sub.add_argument("--max-waiting-rows", type=int, default=1_000_000,
+                     help="change rows that may wait for a slow client before it is dropped (default 1000000)")
+    sub.set_defaults(handler=serve)
+
     sub = commands.add_parser("tx", parents=[remote], help="apply a transaction on a server")
     sub.add_argument("edn", help="the transaction as EDN, [[:db/add e a v] ...], or - to read it from stdin")
     sub.set_defaults(handler=tx)
@@ -102,6 +114,15 @@ def demo(args: argparse.Namespace) -> int:
 
     run_demo(args.data, args.master).close()
     return 0
+
+
+def serve(args: argparse.Namespace) -> int:
+    """``factflow serve``: run the server in the foreground until Ctrl-C, SIGTERM or ``shutdown``."""
+    from factflow.server import ServerConfig, serve as run_server
+
+    config = ServerConfig(max_frame_bytes=int(args.max_frame_mib * 1024 * 1024), max_waiting_rows=args.max_waiting_rows)
+    return run_server(args.host, args.port, master=args.master, token=_read_token(args.token_file), config=config,
+                      announce=lambda line: print(line, flush=True))
 
 
 def tx(args: argparse.Namespace) -> int:

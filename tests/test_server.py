@@ -152,12 +152,20 @@ def test_one_shot_query_and_attribute_subscription(server):
         a.ok("create-attribute", name=":s2/score", type="double")
         b.ok("subscribe", attribute=":s2/at")
         a.ok("transact", tx=[[":db/add", 7, ":s2/at", "2026-11-22T10:00:00Z"], [":db/add", 7, ":s2/score", 1.5]])
-        rows = a.ok("query", query="[:find ?t ?s :where [?e :s2/at ?t] [?e :s2/score ?s]]")["rows"]
-        assert rows == [["2026-11-22T10:00:00+00:00", 1.5]]
+        answer = a.ok("query", query="[:find ?t ?s :where [?e :s2/at ?t] [?e :s2/score ?s]]")
+        assert answer["rows"] == [["2026-11-22T10:00:00+00:00", 1.5]] and answer["epoch"] >= 1
         assert "s2" not in json.dumps(a.ok("status")["queries"])  # nothing left installed
         b.drain()
         assert b.pushes[-1]["type"] == "attribute" and b.pushes[-1]["attribute"] == ":s2/at"
         assert b.pushes[-1]["changes"] == [[[7, "2026-11-22T10:00:00+00:00"], 1]]
+        b.ok("unsubscribe", attribute=":s2/at")
+        assert b.call("unsubscribe", attribute=":s2/at")["error"]["category"] == "not-found"
+        unnamed = a.ok("interest", query="[:find ?s :where [_ :s2/score ?s]]")
+        assert unnamed["name"].startswith("q-") and a.pushes[-1]["query"] == unnamed["name"]
+        assert b.ok("interest", query="[:find ?s\n :where [_ :s2/score ?s]]")["name"] == unnamed["name"]
+        a.ok("transact", tx=[[":db/add", 8, ":s2/at", "2026-11-23T10:00:00+01:00"]])
+        b.drain()
+        assert [m["type"] for m in b.pushes].count("attribute") == 1  # none after unsubscribing
         bad = a.call("transact", tx=[[":db/add", 7, ":s2/at", "yesterday"]])
         assert bad["error"]["category"] == "incorrect" and "yesterday" in bad["error"]["message"]
     finally:

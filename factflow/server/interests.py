@@ -12,6 +12,7 @@ Only the command thread (:mod:`factflow.server.worker`) touches this registry.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from typing import Callable
@@ -54,10 +55,12 @@ class Interests:
         self._queries: dict[str, _Shared] = {}
         self._attributes: dict[str, tuple[dict[str, Listener], Callable[[], None]]] = {}
 
-    def interest(self, listener: Listener, name: str, text: str, inputs: list, join: str) -> Query:
+    def interest(self, listener: Listener, name: str | None, text: str, inputs: list, join: str) -> Query:
         """Add ``listener`` to the query ``name`` (installing it if new); pushes its current
-        result as the first change and returns the query."""
+        result as the first change and returns the query. Without a name, the query is named
+        after what identifies it, so that every client asking it shares it."""
         identity = _identity(text, inputs, join)
+        name = name or "q-" + hashlib.sha1(repr(identity).encode()).hexdigest()[:12]
         shared = self._queries.get(name)
         if shared is None:
             query = self.engine.query(text, name=name, inputs=inputs, join=join)
@@ -96,17 +99,27 @@ class Interests:
         entry[0][listener.client_id] = listener
         listener.attributes.add(key)
 
+    def unsubscribe(self, listener: Listener, attribute: str) -> None:
+        """Stop sending ``listener`` the changes of ``attribute``."""
+        key = str(self.engine.schema.get(attribute).name)
+        if key not in listener.attributes:
+            raise ProtocolError("not-found", f"not subscribed to {key}")
+        self._drop_subscription(listener, key)
+
+    def _drop_subscription(self, listener: Listener, key: str) -> None:
+        listeners, unsubscribe = self._attributes[key]
+        listeners.pop(listener.client_id, None)
+        listener.attributes.discard(key)
+        if not listeners:
+            unsubscribe()
+            del self._attributes[key]
+
     def release(self, listener: Listener) -> None:
         """Drop everything a departing client listened to."""
         for name in list(listener.queries):
             self.uninterest(listener, name)
         for key in list(listener.attributes):
-            listeners, unsubscribe = self._attributes[key]
-            listeners.pop(listener.client_id, None)
-            if not listeners:
-                unsubscribe()
-                del self._attributes[key]
-        listener.attributes.clear()
+            self._drop_subscription(listener, key)
 
     def query(self, name: str) -> Query:
         """The installed query ``name``."""

@@ -182,8 +182,6 @@ class Server:
             connection.outbox.reply(reply_ok(request.id, {}))
             self.stop()
             return
-        if request.op == "interest":
-            connection.outbox.set_granularity(request.fields["name"], request.fields.get("granularity"))
         finished = asyncio.get_running_loop().create_future()
         self.worker.submit(Command(request.op, request.fields, connection.listener,
                                    context=(connection, request, finished)))
@@ -243,10 +241,12 @@ class Server:
     def _done(self, command: Command, result: Any, error: ProtocolError | None) -> None:
         connection, request, finished = command.context
         if error is None:
+            if request.op == "interest":  # before any later epoch's diff is pushed
+                connection.outbox.set_granularity(result["name"], request.fields.get("granularity"))
+            elif request.op == "uninterest":
+                connection.outbox.forget(request.fields["name"])
             connection.outbox.reply(reply_ok(request.id, result))
         else:
-            if request.op == "interest":
-                connection.outbox.forget(request.fields["name"])
             connection.outbox.reply(reply_error(request.id, error.category, str(error)))
         if not finished.done():
             finished.set_result(None)
@@ -310,14 +310,15 @@ class ServerThread:
 
 
 def serve(host: str = "127.0.0.1", port: int = 6262, master: str | None = None, token: str | None = None,
-          state_dir: str | None = None, announce: Callable[[str], None] = print) -> int:
+          state_dir: str | None = None, config: ServerConfig | None = None,
+          announce: Callable[[str], None] = print) -> int:
     """Run a server in the foreground until SIGINT/SIGTERM or a ``shutdown`` request; returns 0.
 
     ``announce`` receives the line ``factflow serving ws://HOST:PORT`` once clients can connect.
     """
     _check_exposure(host, token)
     engine = Engine(master=master, state_dir=state_dir)
-    server = Server(engine, host, port, token, owns_engine=True)
+    server = Server(engine, host, port, token, config, owns_engine=True)
 
     async def main() -> None:
         loop = asyncio.get_running_loop()

@@ -159,11 +159,11 @@ class Worker:
     def _op_register(self, listener: Listener, rules: str) -> dict:
         return {"rules": self.engine.register(rules)}
 
-    def _op_interest(self, listener: Listener, name: str, query: str, inputs: list | None = None,
+    def _op_interest(self, listener: Listener, query: str, name: str | None = None, inputs: list | None = None,
                      join: str = "auto", granularity: float | None = None) -> dict:
         # the granularity is the connection's business (its outbox holds diffs back)
         installed = self.interests.interest(listener, name, query, list(inputs or []), join)
-        return {"epoch": self.engine.epoch, "columns": installed.columns}
+        return {"epoch": self.engine.epoch, "columns": installed.columns, "name": installed.name}
 
     def _op_uninterest(self, listener: Listener, name: str) -> dict:
         self.interests.uninterest(listener, name)
@@ -173,11 +173,15 @@ class Worker:
         self.interests.subscribe(listener, attribute)
         return {"epoch": self.engine.epoch}
 
+    def _op_unsubscribe(self, listener: Listener, attribute: str) -> dict:
+        self.interests.unsubscribe(listener, attribute)
+        return {}
+
     def _op_query(self, listener: Listener, query: str, inputs: list | None = None) -> dict:
         installed = self.engine.query(query, inputs=list(inputs or []))
         try:
             rows = [list(row) for row, n in installed.rows().items() for _ in range(max(n, 0))]
-            return {"rows": rows, "columns": installed.columns}
+            return {"rows": rows, "columns": installed.columns, "epoch": self.engine.epoch}
         finally:
             installed.close()
 

@@ -67,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = commands.add_parser("demo", parents=[common], help="run the demo (a social network kept live)")
     sub.add_argument("--data", help="LDBC SNB directory (default: ../shared/data/ldbc-snb-tiny or the bundled subset)")
     sub.add_argument("--master", help="Spark master (default: local[*])")
+    sub.add_argument("--server", action="store_true", help="the demo over the server: two clients share one query")
     sub.set_defaults(handler=demo)
 
     sub = commands.add_parser("serve", parents=[common], help="serve one engine to many clients over WebSocket")
@@ -110,9 +111,12 @@ def version(args: argparse.Namespace) -> int:
 
 def demo(args: argparse.Namespace) -> int:
     """``factflow demo``: run the demo (see :mod:`factflow.demo`)."""
-    from factflow.demo import run_demo
+    from factflow.demo import run_demo, run_server_demo
 
-    run_demo(args.data, args.master).close()
+    if args.server:
+        run_server_demo(args.data, args.master)
+    else:
+        run_demo(args.data, args.master).close()
     return 0
 
 

@@ -15,11 +15,12 @@ import time
 
 from pyspark.sql import SparkSession
 
+from factflow.client import Client
 from factflow.engine.engine import Engine
 from factflow.errors import FactflowError
 from factflow.io.ldbc import find_ldbc, load_ldbc
 
-__all__ = ["run_demo"]
+__all__ = ["run_demo", "run_server_demo"]
 
 RULES = """[
  [(friend ?a ?b) [?a :person/knows ?b]]
@@ -129,3 +130,49 @@ def run_demo(data: str | None = None, master: str | None = None, out=sys.stdout,
         say(f"  {name}: {stats['query_tuples'][name]} private + {stats['result_tuples'][name]} result tuples")
     say(queries["friend-triangles"].explain())
     return db
+
+
+def run_server_demo(data: str | None = None, master: str | None = None, out=sys.stdout,
+                    spark: SparkSession | None = None) -> None:
+    """The demo over the server: two clients share one query and see each other's changes."""
+    from factflow.server import ServerThread
+
+    def say(text: str = "") -> None:
+        print(text, file=out, flush=True)
+
+    say("factflow demo --server: two clients share one live query")
+    db = Engine(spark=spark, master=master)
+    try:
+        root = find_ldbc(data)
+        say(f"loading LDBC SNB persons, knows and places from {root} ...")
+        load_ldbc(db, root)
+        berlin = _city(db, "Berlin")
+        first = 10**15
+        names = {first: "Ada", first + 1: "Bo", first + 2: "Cy"}  # the newcomers of _stream
+        with ServerThread(db) as server:
+            say(f"serving {server.url} (in this process; `factflow serve` runs one on its own)")
+            with Client(server.url) as alice, Client(server.url) as bob:
+                alice.register(RULES)
+                _, _, text, _ = QUERIES[2]
+                views = {who: client.query(text, name="neighbours") for who, client in (("alice", alice), ("bob", bob))}
+                for who, view in views.items():
+                    say(f"  {who} is interested in 'neighbours' (friends living in the same city): "
+                        f"{len(view.results())} rows at epoch {view.epoch}")
+                    view.subscribe(lambda epoch, changes, who=who: _print_changes(say, names, who, epoch, changes))
+                say(f"  status: {alice.status()['queries']['neighbours']} clients share one dataflow")
+                for (title, tx), writer in zip(_stream(first, berlin), ("alice", "bob", "alice", "bob")):
+                    client, other = (alice, bob) if writer == "alice" else (bob, alice)
+                    say(f"{writer} says: {title}")
+                    client.transact(tx)  # returns once the writer's own subscriber has printed the epoch
+                    other.explain("neighbours")  # its reply comes after the epoch's diff: the other has printed too
+                views["bob"].close()
+                say(f"bob leaves: {alice.status()['queries'].get('neighbours', 0)} client left on 'neighbours'")
+            say(f"alice leaves: the dataflow is gone ({'neighbours' in db.queries and 'still there' or 'torn down'})")
+    finally:
+        db.close()
+
+
+def _print_changes(say, names: dict[int, str], who: str, epoch: int, changes: list) -> None:
+    """Print one client's diff, the persons by first name."""
+    for row, diff in changes:
+        say(f"    [{who}] epoch {epoch}: {'+' if diff > 0 else '-'} {_show(tuple(row), names)}")

@@ -19,3 +19,16 @@ def test_the_demo_shows_newcomers_as_neighbours_and_names_in_every_diff(spark):
         assert f"neighbours        +1 ({pair}, Berlin)" in friends, text
     assert "neighbours        -1 (Bo, Cy, Berlin)" in epochs[4], text
     assert not re.search(r"\d{16}", text), text  # no raw entity ids
+
+
+def test_the_server_demo_shows_two_clients_sharing_one_query(spark):
+    from factflow.demo import run_server_demo
+
+    out = io.StringIO()
+    run_server_demo(str(resources.files("factflow") / "data" / "ldbc-snb-tiny"), out=out, spark=spark)
+    text = out.getvalue()
+    assert "2 clients share one dataflow" in text, text
+    for who in ("alice", "bob"):
+        assert re.search(rf"\[{who}\] epoch \d+: \+ \(Ada, Bo, Berlin\)", text), text
+        assert re.search(rf"\[{who}\] epoch \d+: - \(Bo, Cy, Berlin\)", text), text
+    assert "bob leaves: 1 client left" in text and "torn down" in text, text

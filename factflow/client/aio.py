@@ -21,7 +21,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 from websockets.frames import CloseCode
 
 from factflow.client.messages import (
-    PROTOCOL_VERSION, Push, QueryHandle, QueryState, Subscriber, Subscribers, as_row, close_description,
+    PROTOCOL_VERSION, Push, QueryHandle, QueryState, Subscriber, Subscribers, UpdatesBase, as_row, close_description,
     decode_frame, default_query_name, encode_request, is_push, read_push, reply_result,
 )
 from factflow.errors import ConnectionClosedError, RequestTimeoutError, ServerError
@@ -280,39 +280,21 @@ class AsyncRemoteQuery(QueryHandle):
         await self.close()
 
 
-class AsyncUpdates:
+class AsyncUpdates(UpdatesBase):
     """A query's diffs as an async iterator of ``(epoch, [(row, diff), ...])``, from the
     moment it was made (see :meth:`AsyncRemoteQuery.updates`). It stops when the query or
     the client is closed, and raises :class:`~factflow.errors.ConnectionClosedError` when
     the connection is lost."""
 
-    _END = object()
-
     def __init__(self, state: QueryState, initial: bool):
         self._queue: asyncio.Queue = asyncio.Queue()
-        self._ended: str | None = None
-        self._unsubscribe, epoch, rows = state.subscribe_from_now(
-            lambda epoch, changes: self._queue.put_nowait((epoch, changes)), self._end)
-        if initial:
-            self._queue.put_nowait((epoch, list(rows.items())))
+        super().__init__(state, initial)
 
-    def _end(self, failure: str | None) -> None:
-        self._ended = failure
-        self._queue.put_nowait(self._END)
+    def _put(self, item) -> None:
+        self._queue.put_nowait(item)
 
     def __aiter__(self) -> AsyncIterator[tuple[int, list]]:
         return self
 
     async def __anext__(self) -> tuple[int, list]:
-        item = await self._queue.get()
-        if item is self._END:
-            self._queue.put_nowait(self._END)  # every later call ends too
-            if self._ended is not None:
-                raise ConnectionClosedError(self._ended)
-            raise StopAsyncIteration
-        return item
-
-    def close(self) -> None:
-        """Stop receiving diffs; iteration ends after those already received."""
-        self._unsubscribe()
-        self._end(None)
+        return self._item(await self._queue.get(), StopAsyncIteration)

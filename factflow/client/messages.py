@@ -288,3 +288,39 @@ class QueryHandle:
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"at epoch {self.epoch}"
         return f"<{type(self).__name__} {self.name} {state}>"
+
+
+class UpdatesBase:
+    """What both clients' update iterators share: a queue of ``(epoch, changes)`` fed by a
+    query's subscription, ended by a marker (with the failure, if the connection was lost).
+    Subclasses give the queue (``_put``) and the iteration protocol."""
+
+    END = object()
+
+    def __init__(self, state: QueryState, initial: bool):
+        self._ended: str | None = None
+        self._unsubscribe, epoch, rows = state.subscribe_from_now(
+            lambda epoch, changes: self._put((epoch, changes)), self._end)
+        if initial:
+            self._put((epoch, list(rows.items())))
+
+    def _put(self, item: Any) -> None:
+        raise NotImplementedError
+
+    def _end(self, failure: str | None) -> None:
+        self._ended = failure
+        self._put(self.END)
+
+    def _item(self, item: Any, stop: type[Exception]) -> tuple[int, list]:
+        """``item`` taken from the queue, or the end: raises ``stop`` (or the lost connection's error)."""
+        if item is self.END:
+            self._put(self.END)  # every later call ends too
+            if self._ended is not None:
+                raise ConnectionClosedError(self._ended)
+            raise stop
+        return item
+
+    def close(self) -> None:
+        """Stop receiving diffs; iteration ends after those already received."""
+        self._unsubscribe()
+        self._end(None)

@@ -30,8 +30,8 @@ from websockets.frames import CloseCode
 from websockets.sync.client import ClientConnection, connect
 
 from factflow.client.messages import (
-    PROTOCOL_VERSION, Push, QueryHandle, QueryState, Subscriber, Subscribers, as_row, close_description, decode_frame,
-    default_query_name, encode_request, is_push, read_push, reply_result,
+    PROTOCOL_VERSION, Push, QueryHandle, QueryState, Subscriber, Subscribers, UpdatesBase, as_row, close_description,
+    decode_frame, default_query_name, encode_request, is_push, read_push, reply_result,
 )
 from factflow.errors import ConnectionClosedError, RequestTimeoutError, ServerError
 
@@ -324,39 +324,21 @@ class RemoteQuery(QueryHandle):
         self.close()
 
 
-class Updates:
+class Updates(UpdatesBase):
     """A query's diffs as a blocking iterator of ``(epoch, [(row, diff), ...])``, from the
     moment it was made (see :meth:`RemoteQuery.updates`). It stops when the query or the
     client is closed, and raises :class:`~factflow.errors.ConnectionClosedError` when the
     connection is lost."""
 
-    _END = object()
-
     def __init__(self, state: QueryState, initial: bool):
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._ended: str | None = None
-        self._unsubscribe, epoch, rows = state.subscribe_from_now(
-            lambda epoch, changes: self._queue.put((epoch, changes)), self._end)
-        if initial:
-            self._queue.put((epoch, list(rows.items())))
+        super().__init__(state, initial)
 
-    def _end(self, failure: str | None) -> None:
-        self._ended = failure
-        self._queue.put(self._END)
+    def _put(self, item) -> None:
+        self._queue.put(item)
 
     def __iter__(self) -> Iterator[tuple[int, list]]:
         return self
 
     def __next__(self) -> tuple[int, list]:
-        item = self._queue.get()
-        if item is self._END:
-            self._queue.put(self._END)  # every later call ends too
-            if self._ended is not None:
-                raise ConnectionClosedError(self._ended)
-            raise StopIteration
-        return item
-
-    def close(self) -> None:
-        """Stop receiving diffs; iteration ends after those already received."""
-        self._unsubscribe()
-        self._end(None)
+        return self._item(self._queue.get(), StopIteration)

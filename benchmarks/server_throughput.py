@@ -18,6 +18,11 @@ least 25x). One server serves every level in turn, after a warm-up at the larges
 With ``--rounds R`` the levels run R times interleaved (1, 10, 50, 1, 10, 50, ...) and
 the per-level figures are medians over rounds.
 
+For what the server adds, after the server has stopped the same run applies the same
+kind of single-fact transactions to a default ``factflow.Engine()`` in this process (same
+schema, seed and queries, each with a subscriber) and reports the median ``transact``
+time and its phases (``--baseline-epochs``, 0 to skip): the floor of one client's latency.
+
 The clients are coroutines in this one Python process (one event loop): their JSON work
 and scheduling are inside every latency measured here.
 
@@ -111,6 +116,35 @@ async def run_level(url: str, writers: list[Writer], duration: float, interested
     }
 
 
+def engine_baseline(epochs: int, seed: int) -> dict:
+    """Median ``Engine.transact`` wall time of single-fact transactions, in this process, no server."""
+    from factflow import Engine
+    from server_common import SCHEMA
+
+    rng = random.Random(seed)
+    db = Engine()
+    try:
+        for name, value_type, semantics in SCHEMA:
+            db.create_attribute(name, type=value_type, semantics=semantics)
+        db.transact(seed_transaction(rng, SEED_PERSONS))
+        for name in INSTALLED:
+            db.query(QUERIES[name], name=name).subscribe(lambda epoch, changes: None)
+        writer = Writer(0, SEED_PERSONS, rng)
+        walls, phases = [], {}
+        for i in range(epochs + 2):
+            started = time.perf_counter()
+            db.transact([writer.next_fact()])
+            if i >= 2:  # the first two are warm-up
+                walls.append(time.perf_counter() - started)
+                for key, value in db.epoch_log[-1].phases.items():
+                    phases.setdefault(key, []).append(value)
+        return {"epochs": epochs, "transact_median_s": round(median(walls), 3),
+                "transact_p99_s": round(percentile(walls, 99), 3),
+                "phases_median_s": {k: round(median(v), 3) for k, v in phases.items()}}
+    finally:
+        db.close()
+
+
 def show(level: dict, round_no: int | None = None) -> None:
     prefix = f"  round {round_no}: " if round_no is not None else "  "
     print(f"{prefix}{level['clients']:>3} clients: {level['tx_per_s']:7.2f} tx/s, {level['epochs_per_s']:.3f} epochs/s, "
@@ -125,11 +159,21 @@ async def main_async(args) -> tuple[dict, dict]:
           flush=True)
     facts = machine_facts(server)
     try:
-        return await measure(server, args), facts
+        figures = await measure(server, args)
     finally:
         code = server.stop()
         print(f"server stopped (SIGTERM): exit {code}")
-        facts["load_average_end"] = loadavg()
+    figures["server_exit_code"] = code
+    if args.baseline_epochs:
+        baseline = engine_baseline(args.baseline_epochs, args.seed)
+        print(f"engine alone (this process, no server, same queries): transact median {baseline['transact_median_s']} s, "
+              f"phases {baseline['phases_median_s']}", flush=True)
+        figures["engine_alone_single_fact"] = baseline
+        one = figures["levels"].get("1")
+        if one and one["latency_p50_s"]:
+            figures["server_1_client_p50_over_engine_alone"] = round(one["latency_p50_s"] / baseline["transact_median_s"], 2)
+    facts["load_average_end"] = loadavg()
+    return figures, facts
 
 
 async def measure(server: ServerProcess, args) -> dict:
@@ -198,6 +242,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1, help="run the levels this many times, interleaved (medians)")
     parser.add_argument("--writers-interested", action="store_true",
                         help="every writer is also interested in the three queries (gets their diffs)")
+    parser.add_argument("--baseline-epochs", type=int, default=8,
+                        help="single-fact epochs on an engine in this process after the server stops (0: skip)")
     parser.add_argument("--seed", type=int, default=12)
     parser.add_argument("--name", default=None, help="results file name (default server_throughput[-interested])")
     args = parser.parse_args()
@@ -214,6 +260,9 @@ def main() -> None:
         if ratio is not None:
             verdict = "met" if hi == 50 and lo == 1 and ratio >= 25 else ("NOT met" if (hi, lo) == (50, 1) else "n/a")
             print(f"tx/s({hi}) / tx/s({lo}) = {ratio}x (issue 12 target: 50 clients >= 25x one client: {verdict})")
+        if "server_1_client_p50_over_engine_alone" in figures:
+            print(f"1 client's p50 latency / engine-alone transact median = "
+                  f"{figures['server_1_client_p50_over_engine_alone']}x (what the server adds to one epoch)")
         name = args.name or ("server_throughput" + ("-interested" if args.writers_interested else ""))
         report(name, facts, figures)
     write_output(name, tee.text())

@@ -120,19 +120,24 @@ async def measure(server: ServerProcess, args) -> dict:
         await asyncio.sleep(0.1)
     memory_after = memory(server.pid)
 
-    close_to_last, close_to_median, writer_latency, missing = [], [], [], 0
+    close_to_last, close_to_median, writer_latency, spread, missing = [], [], [], [], 0
     per_epoch = []
     for epoch, sent, closed, changed in epochs:
         deliveries = [r.delivered(epoch, changed) for r in receipts]
         got = [d - closed for d in deliveries if d is not None]
         missing += len(deliveries) - len(got)
         writer_latency.append(closed - sent)
+        first_own = min((t for q in changed for e, t in mine.by_query[q] if e == epoch), default=None)
         if got:
             close_to_last.append(max(got))
             close_to_median.append(median(got))
+            if first_own is not None:
+                spread.append(max(got) + closed - first_own)
         per_epoch.append({"epoch": epoch, "writer_s": round(closed - sent, 3), "queries_changed": len(changed),
                           "close_to_last_s": round(max(got), 3) if got else None,
                           "close_to_median_s": round(median(got), 3) if got else None,
+                          "writer_first_diff_to_last_s": round(max(got) + closed - first_own, 3)
+                          if got and first_own is not None else None,
                           "listeners_missing": len(deliveries) - len(got)})
 
     probe = await Client.open(server.url)
@@ -155,6 +160,7 @@ async def measure(server: ServerProcess, args) -> dict:
         "epoch_close_to_last_delivery": stats(close_to_last),
         "epoch_close_to_median_delivery": stats(close_to_median),
         "writer_send_to_reply": stats(writer_latency),
+        "writer_first_diff_to_last_delivery": stats(spread),
         "diff_messages_per_listener_median": median([r.messages for r in receipts]),
         "listener_epochs_never_delivered": missing,
         "errors": errors,
@@ -197,6 +203,9 @@ def main() -> None:
         print(f"  epoch close -> last listener has the epoch:   p50 {last['p50_s']} s, p99 {last['p99_s']} s, "
               f"max {last['max_s']} s")
         print(f"  epoch close -> median listener has the epoch: p50 {med['p50_s']} s, p99 {med['p99_s']} s")
+        spread = figures["writer_first_diff_to_last_delivery"]
+        print(f"  writer's first diff -> last listener has it:  p50 {spread['p50_s']} s, p99 {spread['p99_s']} s, "
+              f"max {spread['max_s']} s")
         print(f"  writer send -> reply (the epoch):             p50 {writer['p50_s']} s, p99 {writer['p99_s']} s")
         print(f"  listener-epochs never delivered: {figures['listener_epochs_never_delivered']}, "
               f"errors: {len(figures['errors'])}")

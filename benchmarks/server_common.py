@@ -56,7 +56,7 @@ def server_command() -> tuple[list[str], str]:
     cli = os.path.join(ROOT, "factflow", "cli.py")
     try:
         with open(cli) as handle:
-            has_serve = re.search(r"""["']serve["']""", handle.read()) is not None
+            has_serve = re.search(r"""add_parser\(\s*["']serve["']""", handle.read()) is not None
     except OSError:
         has_serve = False
     if has_serve:

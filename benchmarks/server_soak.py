@@ -111,7 +111,7 @@ async def visitor(index: int, url: str, end: float, tally: Tally, args) -> None:
         first = False
         try:
             client = await asyncio.wait_for(Client.open(url), args.timeout)
-        except (OSError, asyncio.TimeoutError, ConnectionClosed) as exc:
+        except Exception as exc:  # noqa: BLE001 - counted, and the client tries again
             tally.error(f"client {index}: connect failed: {type(exc).__name__}: {exc}")
             await asyncio.sleep(1)
             continue
@@ -139,8 +139,13 @@ async def visitor(index: int, url: str, end: float, tally: Tally, args) -> None:
             tally.counts["abrupt_leaves" if abrupt else "clean_leaves"] += 1
         except ConnectionClosed as exc:
             tally.error(f"client {index}: connection closed by the server: {exc}")
+        except Exception as exc:  # noqa: BLE001 - counted, and the client goes on
+            tally.error(f"client {index}: {type(exc).__name__}: {exc}")
         finally:
-            await client.close()
+            try:
+                await asyncio.wait_for(client.close(), args.timeout)
+            except Exception as exc:  # noqa: BLE001
+                tally.error(f"client {index}: close failed: {type(exc).__name__}: {exc}")
         await asyncio.sleep(rng.uniform(0, 3))
 
 

@@ -283,7 +283,8 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=10)
     parser.add_argument("--clients", type=int, default=20)
     parser.add_argument("--sample", type=float, default=30, help="seconds between memory samples")
-    parser.add_argument("--timeout", type=float, default=180, help="seconds a reply may take before it counts as an error")
+    parser.add_argument("--timeout", type=float, default=180,
+                        help="seconds a reply may take before it counts as an error")
     parser.add_argument("--seed", type=int, default=12)
     parser.add_argument("--name", default="server_soak", help="results file name")
     args = parser.parse_args()

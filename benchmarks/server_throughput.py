@@ -150,7 +150,8 @@ def engine_baseline(epochs: int, seed: int) -> dict:
 
 def show(level: dict, round_no: int | None = None) -> None:
     prefix = f"  round {round_no}: " if round_no is not None else "  "
-    print(f"{prefix}{level['clients']:>3} clients: {level['tx_per_s']:7.2f} tx/s, {level['epochs_per_s']:.3f} epochs/s, "
+    print(f"{prefix}{level['clients']:>3} clients: {level['tx_per_s']:7.2f} tx/s, "
+          f"{level['epochs_per_s']:.3f} epochs/s, "
           f"{level['tx_per_epoch_mean']:5.1f} tx/epoch (median {level['tx_per_epoch_median']}, max "
           f"{level['tx_per_epoch_max']}), latency p50 {level['latency_p50_s']} s p99 {level['latency_p99_s']} s "
           f"({level['transactions']} tx in {level['epochs']} epochs; {len(level['errors'])} errors)", flush=True)
@@ -169,12 +170,14 @@ async def main_async(args) -> tuple[dict, dict]:
     figures["server_exit_code"] = code
     if args.baseline_epochs:
         baseline = engine_baseline(args.baseline_epochs, args.seed)
-        print(f"engine alone (this process, no server, same queries): transact median {baseline['transact_median_s']} s, "
+        print(f"engine alone (this process, no server, same queries): transact median "
+              f"{baseline['transact_median_s']} s, "
               f"phases {baseline['phases_median_s']}", flush=True)
         figures["engine_alone_single_fact"] = baseline
         one = figures["levels"].get("1")
         if one and one["latency_p50_s"]:
-            figures["server_1_client_p50_over_engine_alone"] = round(one["latency_p50_s"] / baseline["transact_median_s"], 2)
+            figures["server_1_client_p50_over_engine_alone"] = round(
+                one["latency_p50_s"] / baseline["transact_median_s"], 2)
     facts["load_average_end"] = loadavg()
     return figures, facts
 
@@ -197,7 +200,8 @@ async def measure(server: ServerProcess, args) -> dict:
     if args.warmup > 0:
         warm = await run_level(server.url, [Writer(next(next_writer), SEED_PERSONS, rng) for _ in range(max(levels))],
                                args.warmup, args.writers_interested)
-        print(f"warm-up ({args.warmup:g} s, {max(levels)} clients): {warm['transactions']} tx in {warm['epochs']} epochs",
+        print(f"warm-up ({args.warmup:g} s, {max(levels)} clients): {warm['transactions']} tx in "
+              f"{warm['epochs']} epochs",
               flush=True)
         figures["warmup"] = {k: v for k, v in warm.items() if k != "errors"} | {"errors": len(warm["errors"])}
     by_level: dict[int, list[dict]] = {n: [] for n in levels}
@@ -217,7 +221,8 @@ async def measure(server: ServerProcess, args) -> dict:
         if any(r["errors"] for r in results):
             summary[n]["first_errors"] = [e for r in results for e in r["errors"]][:3]
     figures["levels"] = {str(n): summary[n] for n in levels}
-    figures["runs"] = {str(n): [{k: v for k, v in r.items() if k != "errors"} for r in rs] for n, rs in by_level.items()}
+    figures["runs"] = {str(n): [{k: v for k, v in r.items() if k != "errors"} for r in rs]
+                       for n, rs in by_level.items()}
     lo, hi = min(levels), max(levels)
     if summary[lo]["tx_per_s"]:
         figures[f"ratio_tx_per_s_{hi}_over_{lo}"] = round(summary[hi]["tx_per_s"] / summary[lo]["tx_per_s"], 1)

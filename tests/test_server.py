@@ -191,6 +191,8 @@ def test_group_commit_with_a_rejected_transaction(server):
         assert replies[3]["error"]["category"] == "incorrect" and "bad" in replies[3]["error"]["message"]
         epochs = [r["result"]["epoch"] for i, r in enumerate(replies) if i != 3]
         assert len(set(epochs)) <= 2  # the queued ones share one epoch (the first may have run alone)
+        group = setup.ok("status")["group_commit"]
+        assert group["transactions"] >= 5 and group["epochs"] < group["transactions"]
         setup.drain()
         assert accumulated(setup.pushes, "s3") == Counter({(100 + i, i): 1 for i in range(6) if i != 3})
     finally:

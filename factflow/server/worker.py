@@ -19,6 +19,7 @@ from __future__ import annotations
 import datetime as _dt
 import logging
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -28,7 +29,12 @@ from factflow.errors import EdnSyntaxError, EngineClosedError, QueryError, Schem
 from factflow.server.interests import Interests, Listener
 from factflow.server.protocol import PROTOCOL_VERSION, ProtocolError
 
-__all__ = ["Command", "Worker"]
+__all__ = ["Command", "Worker", "LINGER_QUIET", "LINGER_MAX"]
+
+#: Group commit: how long the queue must stay quiet before a transaction group is taken,
+#: and the longest the command thread lingers for it (seconds).
+LINGER_QUIET = 0.002
+LINGER_MAX = 0.02
 
 log = logging.getLogger("factflow.server")
 
@@ -58,7 +64,8 @@ class Worker:
         self._wake = threading.Condition()
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="factflow-commands", daemon=True)
-        self.epochs_grouped = 0  # transactions that shared an epoch with another (for status)
+        self.transactions = 0  # committed by the command thread (for status)
+        self.epochs = 0
 
     def start(self) -> None:
         """Start taking commands."""
@@ -89,16 +96,34 @@ class Worker:
 
     # ------------------------------------------------------------ the thread
     def _take(self) -> list[Command] | None:
+        """The next command, or every queued transaction at once when one is first.
+
+        Transactions are taken from anywhere in the queue: a connection has at most one
+        request in flight, so queued commands come from different clients, and running
+        the transactions before the others queued among them is a valid total order that
+        keeps each client's own. When the first is a transaction, the thread lingers until
+        the queue has been quiet for ``LINGER_QUIET`` seconds (at most ``LINGER_MAX``), so
+        that clients answered by the previous epoch join this one rather than the next.
+        """
         with self._wake:
             while not self._queue and not self._stopping:
                 self._wake.wait()
             if not self._queue:
                 return None
+            if self._queue[0].op == "transact" and not self._stopping:
+                deadline = time.monotonic() + LINGER_MAX
+                while time.monotonic() < deadline:
+                    size = len(self._queue)
+                    self._wake.wait(min(LINGER_QUIET, max(deadline - time.monotonic(), 0)))
+                    if len(self._queue) == size:
+                        break
             first = self._queue.popleft()
-            taken = [first]
-            if first.op == "transact":
-                while self._queue and self._queue[0].op == "transact":
-                    taken.append(self._queue.popleft())
+            if first.op != "transact":
+                return [first]
+            taken = [first] + [c for c in self._queue if c.op == "transact"]
+            others = [c for c in self._queue if c.op != "transact"]
+            self._queue.clear()
+            self._queue.extend(others)
             return taken
 
     def _run(self) -> None:
@@ -126,14 +151,16 @@ class Worker:
             for command in commands:
                 self._done(command, None, error)
             return
-        if len(ready) > 1:
-            self.epochs_grouped += len(ready)
+        epochs = set()
         for command, tx in zip(commands, transactions):
             outcome = tx if isinstance(tx, ProtocolError) else next(outcomes)
             if isinstance(outcome, Exception):
                 self._done(command, None, _as_protocol_error(outcome))
             else:
+                epochs.add(outcome)
+                self.transactions += 1
                 self._done(command, {"epoch": outcome}, None)
+        self.epochs += len(epochs)
 
     def _execute(self, command: Command) -> None:
         try:
@@ -190,7 +217,9 @@ class Worker:
 
     def _op_status(self, listener: Listener) -> dict:
         return {"protocol": PROTOCOL_VERSION, "epoch": self.engine.epoch, "clients": self._client_count(),
-                "queries": self.interests.counts(), "stats": self.engine.stats()}
+                "queries": self.interests.counts(),
+                "group_commit": {"transactions": self.transactions, "epochs": self.epochs},
+                "stats": self.engine.stats()}
 
     def _op_release(self, listener: Listener) -> None:
         self.interests.release(listener)

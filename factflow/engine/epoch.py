@@ -70,8 +70,9 @@ def run_epoch(state: EngineState, tx: Any, group_prefix: str, epoch_log: list[Ep
         mark = time.perf_counter()
         affected = [q for q in state.queries.values()
                     if any(state.schema.get(a).id in changed for a in q.dataflow.attributes)]
-        outputs = state.evaluate([q.dataflow for q in affected], EpochContext(epoch, state.spark, small=prepared.small),
-                                 subscribed={q.dataflow.result for q in affected if q.has_subscribers})
+        outputs, kept = state.evaluate([q.dataflow for q in affected],
+                                       EpochContext(epoch, state.spark, small=prepared.small),
+                                       subscribed={q.dataflow.result for q in affected if q.has_subscribers})
         notices = _notices(affected, outputs)
         phases["queries"] = time.perf_counter() - mark
     except FactflowError:
@@ -88,7 +89,7 @@ def run_epoch(state: EngineState, tx: Any, group_prefix: str, epoch_log: list[Ep
     deliveries.put(epoch, notices)
     state.defer_maintenance(epoch, changed, affected)
     report = EpochReport(epoch, prepared.rows, sum(changed.values()), [q.name for q in affected],
-                         spark_jobs(spark, group), time.perf_counter() - started, phases)
+                         spark_jobs(spark, group), time.perf_counter() - started, phases, kept_in_spark=kept)
     epoch_log.append(report)
     if log.isEnabledFor(logging.INFO):
         log.info(report.describe())

@@ -45,9 +45,10 @@ REQUIRED_SQL_CONF = {
 #: of such statements on a large heap that rarely needs a GC (a long grid150 probe ran out
 #: of driver memory with Spark's default of 30 minutes, and finished with 1 minute).
 #: A collect may bring at most 512 MiB to the driver (a quarter of its heap): past that
-#: Spark fails the job before the driver runs out of memory (an out-of-memory error in
-#: the result getter used to leave the Python process waiting forever), and the engine
-#: keeps the rows in Spark instead (see :mod:`factflow.engine.evaluation`).
+#: Spark fails the job, and the engine keeps the rows in Spark instead. Spark checks this
+#: once a task's result has arrived, so it cannot stop one task result larger than the
+#: heap; the engine bounds its fetches in rows for that (``EngineConfig.fetch_limit``, see
+#: :mod:`factflow.engine.evaluation`).
 DEFAULT_SPARK_CONF = {
     "spark.ui.enabled": "false",
     "spark.driver.maxResultSize": "512m",

@@ -67,4 +67,5 @@ class ExecutionError(FactflowError):
     """Spark failed while running an epoch, or an iteration of recursive rules derived more
     rows than ``EngineConfig.fetch_limit`` lets a fetch bring to the driver (in an epoch or
     while installing a query); the epoch was rolled back (the query not installed) and the
-    engine stays usable. A Spark error is chained as ``__cause__``."""
+    engine stays usable, unless the failure took the Spark driver with it: then the engine
+    is closed (the message says so). A Spark error is chained as ``__cause__``."""

@@ -3,6 +3,9 @@
 import datetime as dt
 import logging
 import os
+import subprocess
+import sys
+import textwrap
 
 import pandas as pd
 import pytest
@@ -504,6 +507,48 @@ def test_a_spark_failure_rolls_the_epoch_back_and_the_engine_goes_on(people, mon
     assert people.epoch == 1 and q.results() == {(1, "Ann"): 1}
     assert people.transact([add(2, ":person/name", "Bo")]) == 2
     assert q.results() == {(1, "Ann"): 1, (2, "Bo"): 1}
+
+
+def test_an_epoch_that_loses_the_spark_driver_raises_and_closes_the_engine():
+    """In a fresh interpreter (the test run's session must live on): the driver's JVM dies in
+    the middle of an epoch; the epoch raises ExecutionError, never hangs, and the engine is
+    closed rather than half usable."""
+    script = textwrap.dedent("""
+        from factflow import Engine, EngineClosedError, ExecutionError
+        from factflow.engine import collect
+
+        db = Engine(master="local[1]")
+        db.create_attribute(":e", type="ref")
+        q = db.query("[:find ?a ?b :where [?a :e ?b]]")
+        db.transact([[":db/add", 1, ":e", 2]])
+        run = collect.Collector.run
+
+        def lose_the_driver(self, *args):
+            driver = db.spark.sparkContext._gateway.proc  # the JVM PySpark launched
+            driver.kill()
+            driver.wait(timeout=60)
+            return run(self, *args)
+
+        collect.Collector.run = lose_the_driver
+        try:
+            db.transact([[":db/add", 2, ":e", 3]])
+            raise AssertionError("the epoch did not fail")
+        except ExecutionError as exc:
+            assert "the Spark driver is gone" in str(exc) and "the engine is closed" in str(exc), exc
+        for call in (lambda: db.transact([[":db/add", 3, ":e", 4]]), q.results):
+            try:
+                call()
+                raise AssertionError("the engine is still open")
+            except EngineClosedError:
+                pass
+        db.close()
+        print("closed")
+    """)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", script], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "closed", done.stderr[-3000:]
 
 
 def test_an_engine_works_on_a_session_with_arrow_off(spark):

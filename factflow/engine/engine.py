@@ -32,9 +32,9 @@ from factflow.engine.epoch import run_epoch, run_maintenance
 from factflow.engine.install import install
 from factflow.engine.query import Query
 from factflow.engine.reports import EpochReport, SparkJob, engine_stats
-from factflow.engine.session import REQUIRED_SQL_CONF, acquire_session, release_session
+from factflow.engine.session import REQUIRED_SQL_CONF, acquire_session, driver_alive, release_session
 from factflow.engine.state import EngineState
-from factflow.errors import EngineClosedError
+from factflow.errors import EngineClosedError, ExecutionError
 from factflow.lang.rules import RuleStore
 from factflow.model.schema import Attribute, Schema
 
@@ -121,14 +121,21 @@ class Engine:
 
         A rejected transaction raises and changes nothing. Once the epoch is committed,
         neither a failing subscriber nor a failing maintenance makes this raise (both are
-        logged), so retrying a call that raised does not apply a transaction twice. Threads
-        may call this concurrently: epochs run one at a time, and subscribers receive them
-        in increasing order.
+        logged), so retrying a call that raised does not apply a transaction twice. An
+        epoch that lost the Spark driver raises :class:`ExecutionError` and closes the
+        engine. Threads may call this concurrently: epochs run one at a time, and
+        subscribers receive them in increasing order.
         """
         try:
             with self._lock:
                 self._check_open()
-                epoch = run_epoch(self._state, tx, f"factflow-{self._id}-epoch", self.epoch_log, self._deliveries)
+                try:
+                    epoch = run_epoch(self._state, tx, f"factflow-{self._id}-epoch", self.epoch_log,
+                                      self._deliveries)
+                except ExecutionError:
+                    if not driver_alive(self.spark):
+                        self.close()
+                    raise
         finally:
             self._deliveries.drain()
         with self._lock:
@@ -191,13 +198,18 @@ class Engine:
     def close(self) -> None:
         """Close every query, release all state, remove the temporary state directory, and give
         up the engine's hold on its session (stopping it when the engine was the last to hold
-        a session factflow started)."""
+        a session factflow started). An engine whose Spark driver is gone releases nothing in
+        Spark: its state went with the driver."""
         with self._lock:
             if self._closed:
                 return
-            for q in list(self._state.queries.values()):
-                q.close()
-            self._state.close()
+            if driver_alive(self.spark):
+                for q in list(self._state.queries.values()):
+                    q.close()
+                self._state.close()
+            else:
+                for q in self._state.queries.values():
+                    q.closed = True
             self._closed = True
             if self._owns_state_dir:
                 try:

@@ -3,6 +3,9 @@
 import datetime as dt
 import logging
 import os
+import subprocess
+import sys
+import textwrap
 
 import pandas as pd
 import pytest
@@ -428,16 +431,61 @@ def test_a_round_over_the_driver_result_limit_stays_in_spark(people, monkeypatch
     original = collect.Collector.run
     failed = []
 
-    def over_limit(self, spark, cx, description="collect"):
+    def over_limit(self, spark, cx, limit, description="collect"):
         if "queries" in description and not failed:
             failed.append(description)
             raise RuntimeError("Job aborted: Total size of serialized results is bigger than "
                                "spark.driver.maxResultSize (512.0 MiB)")
-        return original(self, spark, cx, description)
+        return original(self, spark, cx, limit, description)
 
     monkeypatch.setattr(collect.Collector, "run", over_limit)
     people.transact([add(1, ":person/knows", 2), add(2, ":person/knows", 3)])
     assert failed and sorted(seen) == [((1, 3), 1)] and q.results() == {(1, 3): 1}
+
+
+def test_a_small_epoch_keeps_what_exceeds_the_fetch_limit_in_spark(spark):
+    """Rows of a small epoch over their share of EngineConfig.fetch_limit are checkpointed in
+    Spark, not fetched (nor lost); relations within their share are still fetched, and an
+    epoch within the limit is the usual two Spark jobs."""
+    from factflow import Engine, EngineConfig
+
+    triangles = "[:find ?a ?b ?c :where [?a :edge ?b] [?b :edge ?c] [?a :edge ?c]]"
+    edges = {(a, b) for a in (1, 2, 3) for b in (11, 12, 13)} | {(b, c) for b in (11, 12, 13) for c in (21, 22, 23)}
+
+    def expected():
+        return {(a, b, c): 1 for a, b in edges for b2, c in edges if b2 == b and (a, c) in edges}
+
+    # two relations per round (the join's intermediate state, the result), so shares of 10 rows
+    with Engine(spark=spark, config=EngineConfig(fetch_limit=20)) as db:
+        db.create_attribute(":edge", type="ref")
+        q = db.query(triangles, join="binary")
+        edges.add((1, 21))
+        db.transact([add(a, ":edge", b) for a, b in sorted(edges)])  # 27 two-step paths, 3 triangles
+        report = db.epoch_log[-1]
+        roles = db.stats()["query_arrangements"][q.name]
+        assert len(report.kept_in_spark) == 1 and roles[report.kept_in_spark[0]][0] == "intermediate"
+        assert "kept in Spark" in report.describe()
+        assert q.rows() == expected() and len(expected()) == 3
+        for edge in ((2, 22), (1, 22)):  # each reads the stored paths by key
+            edges.add(edge)
+            db.transact([add(edge[0], ":edge", edge[1])])
+            assert db.epoch_log[-1].kept_in_spark == [] and len(db.epoch_log[-1].jobs) == 2
+            assert q.rows() == expected()
+
+
+def test_a_recursive_iteration_over_the_fetch_limit_fails_the_epoch_not_the_driver(spark):
+    """Recursive sets are held on the driver: an iteration over fetch_limit raises, rolled back."""
+    from factflow import Engine, EngineConfig, ExecutionError
+
+    with Engine(spark=spark, config=EngineConfig(fetch_limit=3)) as db:
+        db.create_attribute(":edge", type="ref")
+        db.register("[[(tc ?a ?b) [?a :edge ?b]] [(tc ?a ?b) (tc ?a ?c) [?c :edge ?b]]]")
+        q = db.query("[:find ?a ?b :where (tc ?a ?b)]")
+        with pytest.raises(ExecutionError, match="fetch_limit"):
+            db.transact([add(i, ":edge", i + 1) for i in range(1, 6)])  # 5 edges in the first iteration
+        assert db.epoch == 0 and q.rows() == {}
+        db.transact([add(1, ":edge", 2), add(2, ":edge", 3)])
+        assert q.results() == {(1, 2): 1, (2, 3): 1, (1, 3): 1}
 
 
 def test_a_spark_failure_rolls_the_epoch_back_and_the_engine_goes_on(people, monkeypatch):
@@ -448,7 +496,7 @@ def test_a_spark_failure_rolls_the_epoch_back_and_the_engine_goes_on(people, mon
     people.transact([add(1, ":person/name", "Ann")])
     original = collect.Collector.run
 
-    def broken(self, spark, cx, description="collect"):
+    def broken(self, spark, cx, limit, description="collect"):
         raise RuntimeError("org.apache.spark.SparkException: Job aborted\n\tat some.Frame")
 
     monkeypatch.setattr(collect.Collector, "run", broken)
@@ -459,6 +507,48 @@ def test_a_spark_failure_rolls_the_epoch_back_and_the_engine_goes_on(people, mon
     assert people.epoch == 1 and q.results() == {(1, "Ann"): 1}
     assert people.transact([add(2, ":person/name", "Bo")]) == 2
     assert q.results() == {(1, "Ann"): 1, (2, "Bo"): 1}
+
+
+def test_an_epoch_that_loses_the_spark_driver_raises_and_closes_the_engine():
+    """In a fresh interpreter (the test run's session must live on): the driver's JVM dies in
+    the middle of an epoch; the epoch raises ExecutionError, never hangs, and the engine is
+    closed rather than half usable."""
+    script = textwrap.dedent("""
+        from factflow import Engine, EngineClosedError, ExecutionError
+        from factflow.engine import collect
+
+        db = Engine(master="local[1]")
+        db.create_attribute(":e", type="ref")
+        q = db.query("[:find ?a ?b :where [?a :e ?b]]")
+        db.transact([[":db/add", 1, ":e", 2]])
+        run = collect.Collector.run
+
+        def lose_the_driver(self, *args):
+            driver = db.spark.sparkContext._gateway.proc  # the JVM PySpark launched
+            driver.kill()
+            driver.wait(timeout=60)
+            return run(self, *args)
+
+        collect.Collector.run = lose_the_driver
+        try:
+            db.transact([[":db/add", 2, ":e", 3]])
+            raise AssertionError("the epoch did not fail")
+        except ExecutionError as exc:
+            assert "the Spark driver is gone" in str(exc) and "the engine is closed" in str(exc), exc
+        for call in (lambda: db.transact([[":db/add", 3, ":e", 4]]), q.results):
+            try:
+                call()
+                raise AssertionError("the engine is still open")
+            except EngineClosedError:
+                pass
+        db.close()
+        print("closed")
+    """)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", script], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "closed", done.stderr[-3000:]
 
 
 def test_an_engine_works_on_a_session_with_arrow_off(spark):

@@ -43,6 +43,16 @@ def test_what_the_user_configured_is_left_alone(clean_env):
     assert "spark.driver.host" not in session._quiet_conf("local[2]", {}, "ERROR")
 
 
+def test_a_driver_factflow_starts_exits_when_out_of_memory(spark):
+    """Spark's result getter dies of an OutOfMemoryError and leaves its job waiting forever;
+    a driver that exits instead fails the waiting call (see factflow.engine.session)."""
+    assert session._exit_on_out_of_memory("") == "-XX:+ExitOnOutOfMemoryError"
+    assert session._exit_on_out_of_memory("-Xss4m") == "-Xss4m -XX:+ExitOnOutOfMemoryError"
+    assert session._exit_on_out_of_memory("-XX:OnOutOfMemoryError=kill") == "-XX:OnOutOfMemoryError=kill"
+    options = spark.sparkContext.getConf().get("spark.driver.extraJavaOptions")
+    assert options.endswith("-XX:+ExitOnOutOfMemoryError") and "log4j2.configurationFile" in options
+
+
 def test_the_spark_log_level_comes_from_the_environment(clean_env):
     assert session._log_level("ERROR") == "ERROR"
     clean_env.setenv("FACTFLOW_SPARK_LOG", "info")

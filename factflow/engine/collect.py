@@ -5,6 +5,19 @@ the relations are unioned, and the union is fetched once as Arrow. The driver th
 the Arrow table back into one pandas frame per input, with the original column names and
 exact types (Arrow keeps 64-bit integers exact where pandas would turn nullable ones
 into floats).
+
+What one fetch brings to the driver is bounded in rows: every relation gets an equal
+share of the limit and is read through ``LIMIT share + 1`` inside the statement, so a
+relation with more rows sends one row more than its share (Spark stops producing its
+rows there) and is reported as over the limit instead of being returned. Each relation
+has its own limit, rather than one limit over the union, so that the caller knows which
+relations to keep in Spark, and because Spark plans a relation's limit as a limit per
+partition followed by a global one, which needs no exchange for a relation a small
+statement computes in one partition (what a shuffle with one partition yields): the
+fetch stays one job with the stages it had, where a limit over the union adds an
+exchange into one partition, a stage, to every fetch. The bound holds where Spark's own
+``spark.driver.maxResultSize`` cannot: that is checked on the driver once a task's
+result has arrived, too late when one task's result is larger than the driver's heap.
 """
 
 from __future__ import annotations
@@ -40,10 +53,14 @@ class Collector:
     def __len__(self) -> int:
         return len(self._items)
 
-    def run(self, spark: SparkSession, cx: EpochContext, description: str = "collect") -> list[pd.DataFrame]:
-        """Fetch every queued relation (named in ``cx``) in one Spark job."""
+    def run(self, spark: SparkSession, cx: EpochContext, limit: int,
+            description: str = "collect") -> list[pd.DataFrame | None]:
+        """Fetch every queued relation (named in ``cx``) in one Spark job, at most ``limit``
+        rows in all: a relation with more than ``limit // len(self)`` rows (at least 1) is
+        None in the result, its rows left in Spark."""
         if not self._items:
             return []
+        share = max(limit // len(self._items), 1)
         width: dict[Kind, int] = {}
         for _, columns in self._items:
             counts: dict[Kind, int] = {}
@@ -66,7 +83,7 @@ class Collector:
             for slot, kind in slots:
                 source = ident(mapping[slot]) if slot in mapping else "NULL"
                 exprs.append(f"CAST({source} AS {sql_type(kind)}) AS {slot}")
-            wide.append(f"SELECT {', '.join(exprs)} FROM {relation}")
+            wide.append(f"SELECT {', '.join(exprs)} FROM (SELECT * FROM {relation} LIMIT {share + 1})")
         spark.sparkContext.setJobDescription(description)
         table = spark.sql(cx.statement(" UNION ALL ".join(f"({w})" for w in wide))).toArrow()
         out = []
@@ -74,6 +91,9 @@ class Collector:
         for tag, mapping in enumerate(mappings):
             part = table.filter(pc.equal(tags, pa.scalar(tag, tags.type))) if len(mappings) > 1 else table
             names = list(mapping)
+            if part.num_rows > share:
+                out.append(None)
+                continue
             part = part.select(names).rename_columns([mapping[n] for n in names])
             out.append(part.to_pandas())
         return out

@@ -19,6 +19,13 @@ class EngineConfig:
     task and per compiled stage rather than data (one shuffle partition, no whole-stage
     code generation, no broadcast joins: each broadcast is a Spark job of its own); they
     apply only while such a statement is planned.
+    ``fetch_limit``: the most rows one fetch brings to the driver (a round of a small
+    epoch's queries, or an iteration of recursive rules), shared equally by the relations
+    it fetches. In a small epoch, an operator whose rows exceed its share is checkpointed in
+    Spark instead, as in a bulk epoch (``EpochReport.kept_in_spark`` names it); an iteration
+    over it fails the epoch or install, since recursive sets are held on the driver (see
+    :meth:`factflow.engine.evaluation.Evaluation.collect`). The default keeps a fetch well
+    within a 2 GiB driver heap (measured in :mod:`factflow.engine.evaluation`).
     ``recompute_fraction``: a recursive component whose delete-and-rederive overdeletes more
     than this fraction of the tuples it holds is derived again from scratch instead (see
     :meth:`factflow.dataflow.recursion.Fixpoint.run`).
@@ -32,4 +39,5 @@ class EngineConfig:
         ("spark.sql.codegen.wholeStage", "false"),
         ("spark.sql.autoBroadcastJoinThreshold", "-1"),
     )
+    fetch_limit: int = 1_000_000
     recompute_fraction: float = 0.5

@@ -35,9 +35,9 @@ from factflow.engine.group import plan_runs
 from factflow.engine.install import install
 from factflow.engine.query import Query
 from factflow.engine.reports import EpochReport, SparkJob, engine_stats
-from factflow.engine.session import REQUIRED_SQL_CONF, acquire_session, release_session
+from factflow.engine.session import REQUIRED_SQL_CONF, acquire_session, driver_alive, release_session
 from factflow.engine.state import EngineState
-from factflow.errors import EngineClosedError, FactflowError, TransactionError
+from factflow.errors import EngineClosedError, ExecutionError, FactflowError, TransactionError
 from factflow.lang.rules import RuleStore
 from factflow.model.schema import Attribute, Schema
 
@@ -140,9 +140,10 @@ class Engine:
 
         A rejected transaction raises and changes nothing. Once the epoch is committed,
         neither a failing subscriber nor a failing maintenance makes this raise (both are
-        logged), so retrying a call that raised does not apply a transaction twice. Threads
-        may call this concurrently: epochs run one at a time, and subscribers receive them
-        in increasing order.
+        logged), so retrying a call that raised does not apply a transaction twice. An
+        epoch that lost the Spark driver raises :class:`ExecutionError` and closes the
+        engine. Threads may call this concurrently: epochs run one at a time, and
+        subscribers receive them in increasing order.
         """
         return self._committing(lambda: run_epoch(self._state, tx, self._group, self.epoch_log, self._deliveries))
 
@@ -186,6 +187,8 @@ class Engine:
                 self._commit_run([member], checked, outcomes)
             return
         except FactflowError as exc:  # a Spark failure: rolled back, nothing of the run committed
+            if isinstance(exc, ExecutionError) and not driver_alive(self.spark):
+                raise  # the engine closes (see _committing)
             for member in members:
                 outcomes[member] = exc
             return
@@ -197,7 +200,12 @@ class Engine:
         try:
             with self._lock:
                 self._check_open()
-                result = commit()
+                try:
+                    result = commit()
+                except ExecutionError:
+                    if not driver_alive(self.spark):
+                        self.close()
+                    raise
         finally:
             self._deliveries.drain()
         with self._lock:
@@ -260,13 +268,18 @@ class Engine:
     def close(self) -> None:
         """Close every query, release all state, remove the temporary state directory, and give
         up the engine's hold on its session (stopping it when the engine was the last to hold
-        a session factflow started)."""
+        a session factflow started). An engine whose Spark driver is gone releases nothing in
+        Spark: its state went with the driver."""
         with self._lock:
             if self._closed:
                 return
-            for q in list(self._state.queries.values()):
-                q.close()
-            self._state.close()
+            if driver_alive(self.spark):
+                for q in list(self._state.queries.values()):
+                    q.close()
+                self._state.close()
+            else:
+                for q in self._state.queries.values():
+                    q.closed = True
             self._closed = True
             if self._owns_state_dir:
                 try:

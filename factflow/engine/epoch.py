@@ -20,7 +20,9 @@ returns, so it lags at most the epochs of concurrent writers), in a job group of
 Every job runs in the job group ``factflow-<engine>-epoch-<n>`` with a description naming
 its phase, so the Spark UI tells which epoch and which query ran what. If anything fails
 before the epoch is committed, the changes already appended are undone: no partial epoch
-is ever visible.
+is ever visible. If the failure took the Spark driver with it (its JVM exited, or the
+session was stopped), there is nothing left to undo them in: the epoch raises
+:class:`ExecutionError` saying so, and the engine closes.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from factflow.engine import transaction
 from factflow.engine.apply import apply_changes
 from factflow.engine.delivery import Deliveries, Notice
 from factflow.engine.reports import EpochReport, spark_jobs
+from factflow.engine.session import driver_alive
 from factflow.engine.query import Query
 from factflow.engine.state import EngineState
 from factflow.errors import ExecutionError, FactflowError
@@ -53,7 +56,8 @@ def run_epoch(state: EngineState, tx: Any, group_prefix: str, epoch_log: list[Ep
     queue its changes on ``deliveries``, append its report to ``epoch_log`` and return the epoch.
 
     A rejected transaction raises and changes nothing; a failure of the maintenance after
-    the commit is logged instead of raised.
+    the commit is logged instead of raised. A failure that lost the Spark driver raises
+    :class:`ExecutionError` without a rollback (the caller closes the engine).
     """
     epoch = state.epoch + 1
     group = f"{group_prefix}-{epoch}"
@@ -70,14 +74,18 @@ def run_epoch(state: EngineState, tx: Any, group_prefix: str, epoch_log: list[Ep
         mark = time.perf_counter()
         affected = [q for q in state.queries.values()
                     if any(state.schema.get(a).id in changed for a in q.dataflow.attributes)]
-        outputs = state.evaluate([q.dataflow for q in affected], EpochContext(epoch, state.spark, small=prepared.small),
-                                 subscribed={q.dataflow.result for q in affected if q.has_subscribers})
+        outputs, kept = state.evaluate([q.dataflow for q in affected],
+                                       EpochContext(epoch, state.spark, small=prepared.small),
+                                       subscribed={q.dataflow.result for q in affected if q.has_subscribers})
         notices = _notices(affected, outputs) + _feed_notices(state, watched)
         phases["queries"] = time.perf_counter() - mark
     except FactflowError:
         state.rollback(epoch)
         raise
     except Exception as exc:
+        if not driver_alive(spark):
+            raise ExecutionError(f"epoch {epoch} failed: the Spark driver is gone ({_first_line(exc)}); "
+                                 "the engine is closed") from exc
         state.rollback(epoch)
         raise ExecutionError(f"epoch {epoch} failed in Spark and was rolled back: {_first_line(exc)}") from exc
     except BaseException:
@@ -88,7 +96,7 @@ def run_epoch(state: EngineState, tx: Any, group_prefix: str, epoch_log: list[Ep
     deliveries.put(epoch, notices)
     state.defer_maintenance(epoch, changed, affected)
     report = EpochReport(epoch, prepared.rows, sum(changed.values()), [q.name for q in affected],
-                         spark_jobs(spark, group), time.perf_counter() - started, phases)
+                         spark_jobs(spark, group), time.perf_counter() - started, phases, kept_in_spark=kept)
     epoch_log.append(report)
     if log.isEnabledFor(logging.INFO):
         log.info(report.describe())

@@ -11,10 +11,25 @@ epoch the old counts are probed by ``d``'s keys in the same pass (see
 
 Small epochs fetch each round with one job into driver memory (local batches); bulk
 epochs and installs checkpoint every result in Spark instead. What a fetch may bring to
-the driver is bounded by ``spark.driver.maxResultSize`` (factflow's sessions: 512 MiB):
-a small epoch whose round Spark stops at that limit (a tiny change with an enormous
-intermediate result) is checkpointed in Spark instead. The limit is checked on the
-driver, so a single task result too large for the JVM's heap is not caught by it.
+the driver is bounded in rows, inside the statement (``EngineConfig.fetch_limit``, shared
+by the round's relations, see :mod:`factflow.engine.collect`): an operator whose pending
+rows exceed their share (a tiny change with an enormous intermediate result, such as a
+join-at-a-time triangle query's two-step paths) is checkpointed in Spark instead, after
+the round's other operators are committed from the fetch. Spark's own
+``spark.driver.maxResultSize`` (factflow's sessions: 512 MiB) is the second bound: a round
+Spark stops at it is checkpointed in Spark as a whole. That one alone did not suffice: it
+is checked on the driver once a task's result has arrived, and a small statement runs in
+one partition, so its one task result could be larger than the driver's heap (oregon1's
+triangles in batches of 1,000 nodes ran a 2 GiB driver out of memory that way).
+
+The default of one million rows is measured against that failure: a fetch of rows of
+eight columns (five longs, three strings), computed in one task, ran a fresh 2 GiB
+driver out of heap at 6 million rows (4 million passed) and a 1 GiB driver passed 2
+million, so a million leaves the heap room for what the engine keeps in it besides.
+Rows are not bytes: much wider rows narrow that margin.
+
+A fixpoint's iterations (:meth:`Evaluation.collect`) are bounded by the same limit, but
+cannot be kept in Spark (see there): an iteration over it fails the evaluation.
 """
 
 from __future__ import annotations
@@ -32,6 +47,7 @@ from factflow.dataflow.context import EpochContext
 from factflow.dataflow.nodes import OUT, Columns, Distinct, Node, Stateful
 from factflow.dataflow.recursion import Fixpoint
 from factflow.engine.collect import Collector
+from factflow.errors import ExecutionError
 from factflow.model.frames import spark_frame
 from factflow.model.types import Kind, spark_type
 
@@ -58,11 +74,14 @@ class Evaluation:
     """One evaluation of a set of stateful operators; :meth:`run` commits and returns outputs."""
 
     def __init__(self, spark: SparkSession, cx: EpochContext, small_statements: "Callable[[], AbstractContextManager]",
-                 recompute_fraction: float = 0.5):
+                 fetch_limit: int, recompute_fraction: float = 0.5):
         self.spark = spark
         self.cx = cx
         self.small_statements = small_statements
+        self.fetch_limit = fetch_limit
         self.recompute_fraction = recompute_fraction
+        #: traces whose pending rows this small evaluation kept in Spark instead of fetching them
+        self.kept: list[str] = []
         self._views: list[str] = []
         self._stored: list[DataFrame] = []
         self._local: dict[str, pd.DataFrame] = {}
@@ -106,12 +125,14 @@ class Evaluation:
                     continue
                 if self.cx.small and not self.cx.install:
                     try:
-                        self._fetch(steps, outputs, label)
-                        continue
+                        steps = self._fetch(steps, outputs, label)
                     except Exception as exc:  # noqa: BLE001 - only the result-size limit is handled
                         if not _over_result_limit(exc):
                             raise
                         log.info("%s: the round's rows exceed spark.driver.maxResultSize; kept in Spark", label)
+                    if not steps:
+                        continue
+                    self.kept += [node.writer.name for node, _ in steps]
                 self._store(steps, outputs, subscribed, label)
         finally:
             for view in self._views + self.cx.views:
@@ -143,6 +164,9 @@ class Evaluation:
         of plans over the same views trip Spark 4.1's optimizer (attribute lookups fail in
         PruneFilters), while local relations are safe. This bounds a fixpoint's sets by
         driver memory, which goal-directed evaluation keeps small (see factflow.planner.magic).
+        Since there is no keeping them in Spark, an iteration with more rows than
+        ``fetch_limit`` allows raises :class:`ExecutionError` (the epoch is rolled back, the
+        install abandoned) rather than risk the driver's heap.
         """
         if not relations:
             return {}
@@ -150,7 +174,10 @@ class Evaluation:
         for relation, columns in relations.values():
             collector.add(f"(SELECT * FROM {relation})", list(columns) + [(DIFF, Kind.LONG)])
         with self.small_statements():
-            frames = collector.run(self.spark, cx, label)
+            frames = collector.run(self.spark, cx, self.fetch_limit, label)
+        if any(frame is None for frame in frames):
+            raise ExecutionError(f"{label}: an iteration of recursive rules derived more rows than a fetch may "
+                                 f"bring to the driver (EngineConfig.fetch_limit, {self.fetch_limit:,} rows)")
         return {key: (self._local_relation(frame, columns), len(frame))
                 for (key, (_, columns)), frame in zip(relations.items(), frames)}
 
@@ -168,7 +195,9 @@ class Evaluation:
         return relation
 
     # ------------------------------------------------------------ small epochs: fetch to the driver
-    def _fetch(self, steps, outputs, label: str) -> None:
+    def _fetch(self, steps, outputs, label: str) -> list[tuple[Stateful, str]]:
+        """Fetch and commit the round's rows with one job; returns the steps whose relations
+        exceeded their share of ``fetch_limit`` (nothing of them committed)."""
         cx = self.cx
         collector = Collector()
         fetched_steps = []
@@ -180,15 +209,22 @@ class Evaluation:
             collector.add(relation, list(node.columns) + extra)
             fetched_steps.append((node, step))
         with self.small_statements():
-            frames = collector.run(self.spark, cx, label)
+            frames = collector.run(self.spark, cx, self.fetch_limit, label)
+        over = []
         for (node, step), frame in zip(fetched_steps, frames):
-            if step == STATE:
+            if frame is None:
+                over.append((node, step))
+            elif step == STATE:
                 view = register_view(spark_frame(self.spark, frame, _schema(node)), prefix="ff_l")
                 self._views.append(view)
                 cx.set(node, "state", f"(SELECT /*+ COALESCE(1) */ * FROM {view})")
             else:
                 node.writer.append_pandas(frame[node.names + [DIFF]], cx.epoch)
                 outputs[node] = frame
+        if over:
+            log.info("%s: the rows of %s exceed their share of fetch_limit (%d); kept in Spark", label,
+                     ", ".join(node.writer.name for node, _ in over), self.fetch_limit)
+        return over
 
     # ------------------------------------------------------------ bulk epochs and installs: keep in Spark
     def _store(self, steps, outputs, subscribed, label: str) -> None:

@@ -37,7 +37,10 @@ class EpochReport:
 
     ``seconds`` and ``jobs`` cover the epoch up to its commit (what delays its results);
     the maintenance that runs after its delivery is reported apart, in
-    ``phases["maintenance"]``, ``merges`` and ``maintenance_jobs``.
+    ``phases["maintenance"]``, ``merges`` and ``maintenance_jobs``. ``kept_in_spark`` names
+    the private traces whose changes a small epoch checkpointed in Spark instead of fetching
+    them, because they exceeded their share of ``EngineConfig.fetch_limit`` rows or
+    ``spark.driver.maxResultSize`` (each costs a Spark job of its own).
     """
 
     epoch: int
@@ -49,12 +52,15 @@ class EpochReport:
     phases: dict[str, float] = field(default_factory=dict)
     merges: int = 0
     maintenance_jobs: list[SparkJob] = field(default_factory=list)
+    kept_in_spark: list[str] = field(default_factory=list)
 
     def describe(self) -> str:
         """Multi-line text: the epoch's figures and one line per Spark job."""
         lines = [f"epoch {self.epoch}: {self.operations} operations -> {self.changes} changes, "
                  f"{len(self.queries)} queries updated, {len(self.jobs)} Spark jobs, {self.seconds:.3f}s "
                  + " ".join(f"{k}={v:.3f}s" for k, v in self.phases.items())]
+        if self.kept_in_spark:
+            lines.append(f"  kept in Spark (over the driver fetch limit): {', '.join(self.kept_in_spark)}")
         for job in self.jobs:
             took = f"{job.seconds:.3f}s" if job.seconds is not None else "?"
             lines.append(f"  job {job.id} ({job.tasks} tasks, {took}, read {job.rows_read} rows, "

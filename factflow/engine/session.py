@@ -5,6 +5,12 @@ counts the engines on a session factflow started, and :func:`release_session` st
 with the last of them. A session factflow did not start (the caller's, or one made with
 :func:`create_session` directly) is used as it is and never stopped by factflow.
 
+A driver factflow starts exits when its JVM runs out of heap (``-XX:+ExitOnOutOfMemoryError``,
+unless the user's driver options say what to do then): Spark's task-result-getter thread
+dies of an OutOfMemoryError, and the job whose result it was reading then never ends, nor
+the Python call waiting for it. Once the JVM is gone that call fails instead, and an
+engine whose driver is gone (:func:`driver_alive`) closes itself.
+
 A session factflow creates is quiet: Spark logs errors only (``FACTFLOW_SPARK_LOG=WARN``,
 ``INFO``, ... shows more) through the log4j2 configuration shipped next to this module,
 and a local driver binds to 127.0.0.1 instead of warning that the hostname resolves to a
@@ -29,7 +35,7 @@ from pyspark.sql import SparkSession
 from factflow.errors import FactflowError
 
 __all__ = ["DEFAULT_SPARK_CONF", "REQUIRED_SQL_CONF", "LOG_LEVEL_VARIABLE", "acquire_session", "check_java",
-           "create_session", "release_session"]
+           "create_session", "driver_alive", "release_session"]
 
 #: SQL settings every engine applies to its session, given or created. Constraint
 #: propagation is off because Spark 4.1 fails on it ("key not found" while rewriting a
@@ -45,9 +51,10 @@ REQUIRED_SQL_CONF = {
 #: of such statements on a large heap that rarely needs a GC (a long grid150 probe ran out
 #: of driver memory with Spark's default of 30 minutes, and finished with 1 minute).
 #: A collect may bring at most 512 MiB to the driver (a quarter of its heap): past that
-#: Spark fails the job before the driver runs out of memory (an out-of-memory error in
-#: the result getter used to leave the Python process waiting forever), and the engine
-#: keeps the rows in Spark instead (see :mod:`factflow.engine.evaluation`).
+#: Spark fails the job, and the engine keeps the rows in Spark instead. Spark checks this
+#: once a task's result has arrived, so it cannot stop one task result larger than the
+#: heap; the engine bounds its fetches in rows for that (``EngineConfig.fetch_limit``, see
+#: :mod:`factflow.engine.evaluation`).
 DEFAULT_SPARK_CONF = {
     "spark.ui.enabled": "false",
     "spark.driver.maxResultSize": "512m",
@@ -71,6 +78,7 @@ LOG_LEVEL_VARIABLE = "FACTFLOW_SPARK_LOG"
 _LOG_LEVELS = ("OFF", "FATAL", "ERROR", "WARN", "INFO", "DEBUG", "TRACE", "ALL")
 _LOG_CONFIG = Path(__file__).resolve().with_name("log4j2.properties")
 _LOOPBACK = "127.0.0.1"
+_DRIVER_OPTIONS = "spark.driver.extraJavaOptions"
 
 
 def check_java() -> int:
@@ -111,8 +119,10 @@ def create_session(master: str | None = None, app_name: str = "factflow",
     master = master or "local[*]"
     level = _log_level(log_level)
     quiet = _quiet_conf(master, conf or {}, level)
+    settings = {**DEFAULT_SPARK_CONF, **(conf or {}), **quiet}
+    settings[_DRIVER_OPTIONS] = _exit_on_out_of_memory(settings.get(_DRIVER_OPTIONS, ""))
     builder = SparkSession.builder.appName(app_name).master(master)
-    for key, value in {**DEFAULT_SPARK_CONF, **(conf or {}), **quiet}.items():
+    for key, value in settings.items():
         builder = builder.config(key, value)
     with _local_ip(quiet.get("spark.driver.bindAddress")):
         session = builder.getOrCreate()
@@ -129,18 +139,32 @@ def _log_level(default: str) -> str:
     return level
 
 
+def _exit_on_out_of_memory(options: str) -> str:
+    """The driver's JVM ``options`` with ``-XX:+ExitOnOutOfMemoryError``, unless they already
+    say what to do on an OutOfMemoryError."""
+    return options if "OutOfMemoryError" in options else f"{options} -XX:+ExitOnOutOfMemoryError".strip()
+
+
+def driver_alive(spark: SparkSession) -> bool:
+    """Whether the session's Spark driver still runs: its JVM answers and its context is not stopped."""
+    try:
+        return not spark.sparkContext._jsc.sc().isStopped()
+    except Exception:  # noqa: BLE001 - py4j cannot reach the JVM, or the context was stopped (_jsc is None)
+        return False
+
+
 def _quiet_conf(master: str, conf: dict[str, str], level: str) -> dict[str, str]:
     """Settings that keep a new session quiet, where the user configured nothing of the kind:
     factflow's log4j2 configuration for the driver JVM (at ``level``), and for a local
     master a driver bound to 127.0.0.1 (a hostname resolving to a loopback address makes
     Spark warn and pick another interface)."""
     quiet = {}
-    options = conf.get("spark.driver.extraJavaOptions", "")
+    options = conf.get(_DRIVER_OPTIONS, "")
     own_logging = "log4j" in options or (
         "SPARK_CONF_DIR" in os.environ and Path(os.environ["SPARK_CONF_DIR"], "log4j2.properties").exists())
     if not own_logging:
         ours = f"-Dlog4j2.configurationFile={_LOG_CONFIG.as_uri()} -Dfactflow.spark.log={level}"
-        quiet["spark.driver.extraJavaOptions"] = f"{options} {ours}".strip()
+        quiet[_DRIVER_OPTIONS] = f"{options} {ours}".strip()
     addressed = "SPARK_LOCAL_IP" in os.environ or {"spark.driver.host", "spark.driver.bindAddress"} & set(conf)
     if master.startswith("local") and not addressed:
         quiet["spark.driver.host"] = quiet["spark.driver.bindAddress"] = _LOOPBACK
@@ -193,7 +217,8 @@ def acquire_session(master: str | None = None) -> SparkSession:
 
 
 def release_session(session: SparkSession) -> None:
-    """Give up an engine's hold on ``session``; the last hold on a session factflow started stops it."""
+    """Give up an engine's hold on ``session``; the last hold on a session factflow started
+    stops it (unless its driver is gone already)."""
     with _OWNED_LOCK:
         held = _OWNED.get(id(session))
         if held is None:
@@ -202,5 +227,5 @@ def release_session(session: SparkSession) -> None:
             _OWNED[id(session)] = (session, held[1] - 1)
             return
         del _OWNED[id(session)]
-        if SparkContext._active_spark_context is session.sparkContext:  # not stopped by someone else meanwhile
-            session.stop()
+        if SparkContext._active_spark_context is session.sparkContext and driver_alive(session):
+            session.stop()  # not stopped by someone else meanwhile, nor lost

@@ -103,22 +103,24 @@ class EngineState:
 
     # ------------------------------------------------------------ moving between epochs
     def evaluate(self, dataflows: Sequence[Dataflow], cx: EpochContext, subscribed: set,
-                 settled: Sequence[Node] = ()) -> dict[Stateful, pd.DataFrame]:
+                 settled: Sequence[Node] = ()) -> tuple[dict[Stateful, pd.DataFrame], list[str]]:
         """Compute and commit the pending state of ``dataflows`` for one evaluation
         (operators shared by several dataflows once; ``settled`` ones not at all).
 
         Returns the output rows of result operators (all of them for small epochs, those
-        with subscribers otherwise).
+        with subscribers otherwise), and the traces whose rows a small epoch kept in Spark
+        because they exceeded what a fetch may bring to the driver.
         """
         nodes: list[Stateful] = []
         for df in dataflows:
             nodes += [n for n in df.stateful if n not in nodes and n not in settled]
         if not nodes:
-            return {}
+            return {}, []
         names = ", ".join(df.name for df in dataflows)
         what = f"install {names}" if cx.install else f"epoch {cx.epoch}: queries {names}"
-        return Evaluation(self.spark, cx, partial(small_statements, self.spark, self.config.small_conf),
-                          self.config.recompute_fraction).run(nodes, subscribed, what)
+        evaluation = Evaluation(self.spark, cx, partial(small_statements, self.spark, self.config.small_conf),
+                                self.config.fetch_limit, self.config.recompute_fraction)
+        return evaluation.run(nodes, subscribed, what), evaluation.kept
 
     def advance(self, epoch: int) -> None:
         """Move every reader to the committed ``epoch``, allowing traces to compact up to it."""

@@ -9,8 +9,8 @@ from factflow.engine.engine import Engine, EngineConfig, EpochReport, SparkJob
 from factflow.engine.query import Query
 from factflow.engine.session import create_session
 from factflow.errors import (
-    EdnSyntaxError, EngineClosedError, ExecutionError, FactflowError, QueryError, RuleError, SchemaError, TransactionError,
-    UnknownAttributeError,
+    CorruptStateError, EdnSyntaxError, EngineClosedError, ExecutionError, FactflowError, QueryError, RuleError,
+    SchemaError, StateLockedError, StateVersionError, StorageError, TransactionError, UnknownAttributeError,
 )
 
 __version__ = "0.1.0"
@@ -18,5 +18,6 @@ __version__ = "0.1.0"
 __all__ = [
     "Engine", "EngineConfig", "EpochReport", "SparkJob", "Query", "create_session",
     "FactflowError", "EdnSyntaxError", "SchemaError", "UnknownAttributeError", "TransactionError",
-    "QueryError", "RuleError", "EngineClosedError", "ExecutionError", "__version__",
+    "QueryError", "RuleError", "EngineClosedError", "ExecutionError", "StorageError", "StateLockedError",
+    "StateVersionError", "CorruptStateError", "__version__",
 ]

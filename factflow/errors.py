@@ -13,7 +13,11 @@ the user can find it. The type says what was rejected::
     │   └── RuleError           Engine.register rejected the rules, or a query calls a rule
     │                           that is unknown or cannot be resolved
     ├── ExecutionError          Spark failed while running an epoch (rolled back)
-    └── EngineClosedError       the engine or query was used after close()
+    ├── EngineClosedError       the engine or query was used after close()
+    └── StorageError            the state directory could not be written or read
+        ├── StateLockedError        another engine holds the state directory
+        ├── StateVersionError       the state directory was written by a newer format version
+        └── CorruptStateError       a checksum failed, or the log or a checkpoint is damaged
 
 A rejected transaction always raises :class:`TransactionError` and a rejected query
 :class:`QueryError`, whatever the cause: when the cause is another factflow error (an
@@ -65,3 +69,23 @@ class EngineClosedError(FactflowError):
 class ExecutionError(FactflowError):
     """Spark failed while running an epoch; it was rolled back and the engine stays
     usable. The Spark error is chained as ``__cause__``."""
+
+
+class StorageError(FactflowError):
+    """The state directory of a durable engine could not be written or read. Raised by
+    ``transact`` when the epoch could not be logged (it was rolled back, and if the log
+    could not be restored the engine refuses further writes until reopened)."""
+
+
+class StateLockedError(StorageError):
+    """Another engine (in this or another process) has the state directory open."""
+
+
+class StateVersionError(StorageError):
+    """The state directory (or one of its files) was written in a format version newer
+    than this factflow reads."""
+
+
+class CorruptStateError(StorageError):
+    """A file of the state directory failed its checksum or is malformed, and recovery
+    had nothing valid to fall back to; the message names the file."""

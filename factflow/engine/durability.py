@@ -174,7 +174,7 @@ class Durability:
         """Load an attribute's facts, the sum of ``sources``, into its new arrangement; returns their rows."""
         kind = arrangement.attribute.kind
         rows = sum(s.rows for s in sources)
-        consolidated = len(sources) == 1 and sources[0].consolidated
+        consolidated = len(sources) == 1  # one source holds each (e, v) once
         spark = self.state.spark
         if rows <= self.config.local_limit:
             tables = [s.table if s.table is not None else read_tables(s.directory, s.files, kind) for s in sources]

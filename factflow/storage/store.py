@@ -55,14 +55,13 @@ _BULK = re.compile(r"^bulk-(\d{12})$")
 @dataclass
 class FactSource:
     """Rows ``(e, v, _diff)`` of one attribute read back from the directory: an Arrow table
-    (from a log record) or Parquet files (``directory`` and their entries). ``consolidated``:
-    each ``(e, v)`` once (a checkpoint's facts), where changes from the log are not."""
+    (from a log record) or Parquet files (``directory`` and their entries). Each source holds
+    every ``(e, v)`` at most once (a checkpoint's facts, or one epoch's effective changes)."""
 
     rows: int
     table: pa.Table | None = None
     directory: str | None = None
     files: list[dict] = field(default_factory=list)
-    consolidated: bool = False
 
 
 @dataclass
@@ -103,13 +102,16 @@ class StateStore:
 
     def __init__(self, directory: str):
         self.directory = os.path.abspath(directory)
-        os.makedirs(self.directory, exist_ok=True)
+        if not os.path.isdir(self.directory):
+            os.makedirs(self.directory)
+            fsync_dir(os.path.dirname(self.directory))
         self._lock = DirectoryLock(self.directory)
         try:
             self._check_format()
             self.wal = WriteAheadLog(os.path.join(self.directory, "wal"))
             self.checkpoints_dir = os.path.join(self.directory, "checkpoints")
             os.makedirs(self.checkpoints_dir, exist_ok=True)
+            fsync_dir(self.directory)  # the names of wal/ and checkpoints/ are durable too
             shutil.rmtree(os.path.join(self.directory, "indexes"), ignore_errors=True)
             self._remove_unfinished()
         except BaseException:
@@ -164,8 +166,7 @@ class StateStore:
             out.offsets = {s: [list(p) for p in pairs] for s, pairs in manifest["offsets"].items()}
             for entry in manifest["facts"]:
                 if entry["rows"]:
-                    out.facts[entry["attribute"]] = [FactSource(entry["rows"], directory=path, files=entry["files"],
-                                                               consolidated=True)]
+                    out.facts[entry["attribute"]] = [FactSource(entry["rows"], directory=path, files=entry["files"])]
             first_segment = manifest["log_segment"]
             self.good = [(out.epoch, first_segment)]
             break
@@ -249,6 +250,7 @@ class StateStore:
             for aid, kind, frame, rows in large:
                 files = write_frame(frame, directory, f"a{aid}-", kind)
                 changes.append({"attribute": aid, "rows": rows, "dir": name, "files": files})
+                self.wal.bytes_since_rotation += sum(f["size"] for f in files)
             fsync_dir(self.wal.directory)
         self.wal.append(LogRecord({"type": "epoch", "epoch": epoch, "offsets": offsets, "changes": changes}, blobs))
 
@@ -288,7 +290,8 @@ class StateStore:
     def _remove_obsolete(self) -> None:
         keep = {epoch for epoch, _ in self.good}
         for epoch in self._checkpoint_epochs():
-            if epoch not in keep:
+            if epoch not in keep:  # the manifest first: a half-removed checkpoint is an unfinished one
+                os.remove(os.path.join(self._checkpoint_path(epoch), "manifest.json"))
                 shutil.rmtree(self._checkpoint_path(epoch), ignore_errors=True)
         if len(self.good) == 2:  # with one, the previous state is the empty one: the whole log stays
             oldest_epoch, oldest_segment = self.good[0]

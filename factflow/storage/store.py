@@ -138,11 +138,14 @@ class StateStore:
             path = os.path.join(self.checkpoints_dir, name)
             if _CHECKPOINT.match(name) and not os.path.exists(os.path.join(path, "manifest.json")):
                 shutil.rmtree(path, ignore_errors=True)
+            elif _CHECKPOINT.match(name):
+                _remove_temporary(path)
             elif name.endswith(".tmp"):
                 os.remove(path)
+        _remove_temporary(self.wal.directory)
         for name in os.listdir(self.wal.directory):
-            if name.endswith(".tmp"):
-                os.remove(os.path.join(self.wal.directory, name))
+            if _BULK.match(name):
+                _remove_temporary(os.path.join(self.wal.directory, name))
 
     # ------------------------------------------------------------ recovery
     def recover(self) -> Recovered:
@@ -334,6 +337,13 @@ def _check_version(path: str, body: dict) -> None:
     if version > FORMAT_VERSION:
         raise StateVersionError(f"{path} was written in storage format version {version}, newer than this "
                                 f"factflow reads ({FORMAT_VERSION}); open it with a newer factflow")
+
+
+def _remove_temporary(directory: str) -> None:
+    """Delete the ``*.tmp`` files in ``directory`` (written, never renamed into place)."""
+    for name in os.listdir(directory):
+        if name.endswith(".tmp"):
+            os.remove(os.path.join(directory, name))
 
 
 def _bytes_under(path: str) -> int:

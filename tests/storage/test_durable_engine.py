@@ -20,6 +20,7 @@ from factflow import (
     CorruptStateError, Engine, EngineConfig, StateLockedError, StateVersionError, StorageError, TransactionError,
 )
 from factflow.storage import wal as wal_module
+from factflow.storage.store import StateStore
 from factflow.storage.files import open_sealed_json, sealed_json, write_atomic
 from durable import LIGHT, check_queries, define, oracle_after, valid_stream
 
@@ -154,6 +155,45 @@ def test_offsets_without_a_state_dir(engine):
     assert engine.offsets() == {"s": 1}
     with pytest.raises(StorageError, match="no state_dir"):
         engine.checkpoint()
+
+
+def test_what_a_crash_during_a_checkpoint_or_its_cleanup_leaves_is_recovered(spark, tmp_path, monkeypatch):
+    """A crash before the obsolete checkpoints and segments are removed leaves them all; one
+    while a checkpoint is written leaves files without a manifest and temporary files."""
+    stream = valid_stream(seed=8, count=8)
+    db = open_engine(spark, tmp_path)
+    try:
+        for i, tx in enumerate(stream[:6]):
+            db.transact(tx)
+            if i in (1, 3):
+                db.checkpoint()
+        with monkeypatch.context() as patch:  # "killed" before removing anything
+            patch.setattr(StateStore, "_remove_obsolete", lambda self: None)
+            db.checkpoint()
+        db.transact(stream[6])
+    finally:
+        db.close()
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["000000000002", "000000000004", "000000000006"]
+    unfinished = tmp_path / "checkpoints" / "000000000007"
+    unfinished.mkdir()
+    (unfinished / "a0-part-00000.parquet").write_bytes(b"half a file")
+    (tmp_path / "checkpoints" / "000000000006" / "manifest.json.tmp").write_bytes(b"{")
+    db = Engine(spark=spark, state_dir=str(tmp_path), config=QUICK)
+    try:
+        assert db.epoch == 7 and db.recovery.checkpoint == 6 and db.recovery.log_epochs == 1
+        assert not unfinished.exists()
+        assert not (tmp_path / "checkpoints" / "000000000006" / "manifest.json.tmp").exists()
+        check_queries(db, oracle_after(stream[:7]), LIGHT)
+        db.transact(stream[7])
+        db.checkpoint()
+    finally:
+        db.close()
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["000000000006", "000000000008"]
+    db = Engine(spark=spark, state_dir=str(tmp_path), config=QUICK)
+    try:
+        assert db.epoch == 8 and db.recovery.checkpoint == 8
+    finally:
+        db.close()
 
 
 def test_a_torn_log_tail_is_cut_to_the_last_whole_record(spark, tmp_path):

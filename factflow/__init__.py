@@ -9,8 +9,9 @@ from factflow.engine.engine import Engine, EngineConfig, EpochReport, SparkJob
 from factflow.engine.query import Query
 from factflow.engine.session import create_session
 from factflow.errors import (
-    ConnectionClosedError, EdnSyntaxError, EngineClosedError, ExecutionError, FactflowError, QueryError,
-    RequestTimeoutError, RuleError, SchemaError, ServerError, TransactionError, UnknownAttributeError,
+    ConnectionClosedError, CorruptStateError, EdnSyntaxError, EngineClosedError, ExecutionError, FactflowError,
+    QueryError, RequestTimeoutError, RuleError, SchemaError, ServerError, StateLockedError, StateVersionError,
+    StorageError, TransactionError, UnknownAttributeError,
 )
 
 __version__ = "0.1.0"
@@ -19,5 +20,6 @@ __all__ = [
     "Engine", "EngineConfig", "EpochReport", "SparkJob", "Query", "create_session",
     "FactflowError", "EdnSyntaxError", "SchemaError", "UnknownAttributeError", "TransactionError",
     "QueryError", "RuleError", "EngineClosedError", "ExecutionError", "ServerError", "ConnectionClosedError",
-    "RequestTimeoutError", "__version__",
+    "RequestTimeoutError", "StorageError", "StateLockedError", "StateVersionError", "CorruptStateError",
+    "__version__",
 ]

@@ -17,7 +17,11 @@ the user can find it. The type says what was rejected::
     ├── EngineClosedError       the engine or query was used after close()
     ├── ServerError             a factflow server refused a client's request (.category says why)
     ├── ConnectionClosedError   a client's connection to a server failed to open or closed
-    └── RequestTimeoutError     a client waited longer than its timeout for a reply
+    ├── RequestTimeoutError     a client waited longer than its timeout for a reply
+    └── StorageError            the state directory could not be written or read
+        ├── StateLockedError        another engine holds the state directory
+        ├── StateVersionError       the state directory was written by a newer format version
+        └── CorruptStateError       a checksum failed, or the log or a checkpoint is damaged
 
 A rejected transaction always raises :class:`TransactionError` and a rejected query
 :class:`QueryError`, whatever the cause: when the cause is another factflow error (an
@@ -93,3 +97,24 @@ class ConnectionClosedError(FactflowError):
 
 class RequestTimeoutError(FactflowError):
     """No reply came within the client's timeout; the server may still carry the request out."""
+
+
+
+class StorageError(FactflowError):
+    """The state directory of a durable engine could not be written or read. Raised by
+    ``transact`` when the epoch could not be logged (it was rolled back, and if the log
+    could not be restored the engine refuses further writes until reopened)."""
+
+
+class StateLockedError(StorageError):
+    """Another engine (in this or another process) has the state directory open."""
+
+
+class StateVersionError(StorageError):
+    """The state directory (or one of its files) was written in a format version newer
+    than this factflow reads."""
+
+
+class CorruptStateError(StorageError):
+    """A file of the state directory failed its checksum or is malformed, and recovery
+    had nothing valid to fall back to; the message names the file."""

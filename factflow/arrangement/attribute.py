@@ -14,7 +14,7 @@ import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from factflow.arrangement.batch import DIFF, TIME, Layout
+from factflow.arrangement.batch import DIFF, TIME, Batch, Layout
 from factflow.arrangement.trace import MergePolicy, Trace
 from factflow.model.schema import Attribute
 from factflow.model.types import Kind
@@ -66,6 +66,21 @@ class AttributeArrangement:
             if face == "forward":
                 rows = batch.rows
         return rows
+
+    def load(self, facts: pd.DataFrame | DataFrame, epoch: int) -> None:
+        """Start the (empty) arrangement from its facts as of ``epoch``, rows ``(e, v, _diff)``
+        with each fact once (recovery): one batch ``[0, epoch + 1)`` whose rows carry time
+        ``epoch``, on the driver for a pandas frame, stored in Spark (or moved to the driver
+        when small) for a Spark one. The other indexes are built from it when first needed."""
+        if len(self.traces) != 1 or self.forward.batches:
+            raise ValueError(f"{self.attribute.name}: only a new arrangement can be loaded")
+        trace = self.forward
+        if isinstance(facts, pd.DataFrame):
+            batch = Batch.from_pandas(self.spark, trace.layout, facts.assign(**{TIME: epoch}), 0, epoch + 1)
+        else:
+            timed = facts.selectExpr("`e`", "`v`", f"CAST({epoch} AS BIGINT) AS `{TIME}`", f"`{DIFF}`")
+            batch = trace.materialize(timed, 0, epoch + 1)
+        trace.load(batch)
 
     def advance_upper(self, upper: int) -> None:
         """Record an epoch in which this attribute did not change."""

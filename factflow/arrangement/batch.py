@@ -17,11 +17,15 @@ Both report their exact row count, so tuple accounting is exact, and both are re
 as a Spark temp view so that the SQL the dataflow generates can name them. A stored batch
 is also written, once, as sorted index files that probes read by key (:mod:`.index`); a
 local batch offers its rows as an Arrow table for the same probes.
+
+A batch may be *pinned* by a reader outside the engine lock (a checkpoint being written in
+the background): its release is then deferred until the last pin is given up.
 """
 
 from __future__ import annotations
 
 import itertools
+import threading
 from dataclasses import dataclass
 
 import pandas as pd
@@ -38,6 +42,7 @@ __all__ = ["Layout", "Batch", "TIME", "DIFF"]
 TIME = "_t"
 DIFF = "_diff"
 _VIEW_IDS = itertools.count(1)
+_PINS = threading.Lock()
 
 _PANDAS_DTYPES = {
     Kind.LONG: "int64",
@@ -118,7 +123,7 @@ class Batch:
     """An immutable batch of updates covering epochs ``[lower, upper)``, readable as a view."""
 
     __slots__ = ("lower", "upper", "rows", "frame", "local", "view", "index", "index_paths", "_stored", "_arrow",
-                 "_spark", "_layout")
+                 "_spark", "_layout", "_pins", "_released")
 
     def __init__(self, lower: int, upper: int, rows: int, frame: DataFrame | None,
                  local: pd.DataFrame | None = None, stored: DataFrame | None = None,
@@ -135,6 +140,8 @@ class Batch:
         self.index: str | None = None  # directory of the sorted index files (stored batches)
         self.index_paths: list[str] = []
         self.view = register_view(frame) if rows and frame is not None else None
+        self._pins = 0
+        self._released = False
 
     @property
     def source(self) -> str:
@@ -179,8 +186,29 @@ class Batch:
         """A batch over ``frame``, read from ``stored`` (made by :func:`checkpoint`; default ``frame``)."""
         return cls(lower, upper, rows, frame, stored=frame if stored is None else stored)
 
+    def pin(self) -> None:
+        """Keep the batch's rows readable (``local``, ``frame``) until :meth:`unpin`, even if
+        the trace releases it meanwhile (any thread)."""
+        with _PINS:
+            self._pins += 1
+
+    def unpin(self) -> None:
+        """Give up a pin; a release requested meanwhile happens now (any thread)."""
+        with _PINS:
+            self._pins -= 1
+            due = self._pins == 0 and self._released
+        if due:
+            self._free()
+
     def release(self) -> None:
-        """Drop the batch's view and free its stored blocks."""
+        """Drop the batch's view and free its stored blocks (once the last pin is given up)."""
+        with _PINS:
+            self._released = True
+            if self._pins:
+                return
+        self._free()
+
+    def _free(self) -> None:
         if self.view is not None:
             drop_view(self.frame.sparkSession, self.view)
             self.view = None

@@ -229,6 +229,18 @@ class Trace:
             return
         self.batches.append(batch)
 
+    def load(self, batch: Batch) -> None:
+        """Start an empty trace from ``batch``, the consolidated state as of ``batch.upper - 1``
+        (recovery): nothing before that epoch is readable."""
+        if self.batches:
+            raise FactflowError(f"{self.name}: only an empty trace can be loaded")
+        self.upper = max(self.upper, batch.upper)
+        self.since = max(self.since, batch.upper - 1)
+        if batch.rows:
+            self.batches.append(batch)
+        else:
+            batch.release()
+
     def append_pandas(self, frame: pd.DataFrame, epoch: int) -> Batch:
         """Append consolidated rows of one epoch held on the driver."""
         frame = frame.assign(**{TIME: epoch}) if TIME not in frame.columns else frame

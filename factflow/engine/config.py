@@ -29,6 +29,13 @@ class EngineConfig:
     ``recompute_fraction``: a recursive component whose delete-and-rederive overdeletes more
     than this fraction of the tuples it holds is derived again from scratch instead (see
     :meth:`factflow.dataflow.recursion.Fixpoint.run`).
+
+    Durable engines (``Engine(state_dir=...)``, see :mod:`factflow.engine.durability`):
+    a checkpoint is written in the background once ``checkpoint_interval`` epochs (0: only
+    when :meth:`factflow.Engine.checkpoint` is called) or ``checkpoint_log_bytes`` bytes of
+    log have accumulated since the last one, whichever comes first; restarts replay at most
+    that much log. ``offset_history``: offsets remembered per source with the epoch that
+    applied them (see :mod:`factflow.engine.offsets`).
     """
 
     local_limit: int = 20_000
@@ -41,3 +48,6 @@ class EngineConfig:
     )
     fetch_limit: int = 1_000_000
     recompute_fraction: float = 0.5
+    checkpoint_interval: int = 1000
+    checkpoint_log_bytes: int = 64 << 20
+    offset_history: int = 10_000

@@ -10,6 +10,10 @@ figures to :mod:`factflow.engine.reports`.
 The engine lock (reentrant) is held by every epoch, install, close and read of state
 (``Query.results()`` and its siblings, ``Engine.stats()``), so a reader in any thread sees
 exactly one closed epoch; subscribers are called after it is released.
+
+An engine given a ``state_dir`` is durable (:mod:`factflow.engine.durability`): it logs
+every attribute, rule and epoch before acknowledging it, checkpoints in the background,
+and recovers what the directory holds when it opens.
 """
 
 from __future__ import annotations
@@ -28,20 +32,22 @@ from factflow.arrangement.attribute import AttributeArrangement
 from factflow.arrangement.trace import MergePolicy
 from factflow.engine.config import EngineConfig
 from factflow.engine.delivery import Deliveries
+from factflow.engine.durability import CheckpointReport, Durability, RecoveryReport
 from factflow.engine import transaction
 from factflow.engine.epoch import run_epoch, run_maintenance
 from factflow.engine.feeds import AttributeSubscriber
 from factflow.engine.group import plan_runs
 from factflow.engine.install import install
+from factflow.engine.offsets import check_offset
 from factflow.engine.query import Query
 from factflow.engine.reports import EpochReport, SparkJob, engine_stats
 from factflow.engine.session import REQUIRED_SQL_CONF, acquire_session, driver_alive, release_session
 from factflow.engine.state import EngineState
-from factflow.errors import EngineClosedError, ExecutionError, FactflowError, TransactionError
+from factflow.errors import EngineClosedError, ExecutionError, FactflowError, StorageError, TransactionError
 from factflow.lang.rules import RuleStore
 from factflow.model.schema import Attribute, Schema
 
-__all__ = ["Engine", "EngineConfig", "EpochReport", "SparkJob"]
+__all__ = ["Engine", "EngineConfig", "EpochReport", "SparkJob", "RecoveryReport", "CheckpointReport"]
 
 log = logging.getLogger("factflow.engine")
 _ENGINE_IDS = itertools.count(1)
@@ -56,10 +62,16 @@ class Engine:
     :func:`factflow.engine.session.acquire_session`); a session factflow did not start is
     never stopped.
     ``Engine(spark=session)`` uses the given session (setting ``REQUIRED_SQL_CONF`` on it)
-    and never stops it. ``state_dir`` is a directory for the engine's files (by default a
-    temporary one, which ``close()`` removes; a given one is left alone): the index files
-    of stored batches go to its ``indexes`` folder (batches themselves live on the driver
-    or as Spark local checkpoints; nothing there survives a restart yet).
+    and never stops it.
+
+    ``state_dir`` makes the engine durable: its attributes, rules, facts, epoch counter and
+    source offsets are kept in that directory (created if missing) and recovered when an
+    engine opens it again; ``transact`` returns only once its epoch is in the write-ahead
+    log (fsync'd), checkpoints are written in the background, and one engine at a time may
+    have the directory open (:class:`factflow.StateLockedError` otherwise). What the
+    opening recovered is in :attr:`recovery`. Without ``state_dir`` the engine keeps its
+    files (index files of stored batches) in a temporary directory that ``close()``
+    removes, and nothing survives it.
     """
 
     def __init__(self, spark: SparkSession | None = None, master: str | None = None,
@@ -82,6 +94,18 @@ class Engine:
         self._id = next(_ENGINE_IDS)
         self._group = f"factflow-{self._id}-epoch"
         self.epoch_log: list[EpochReport] = []
+        self._durability: Durability | None = None
+        #: what opening the state directory recovered (None without ``state_dir``)
+        self.recovery: RecoveryReport | None = None
+        if state_dir:
+            try:
+                self._durability = Durability.open(state_dir, self._state, self.rules, self.config, self._id)
+            except BaseException:
+                self._state.close()
+                if self._holds_session:
+                    release_session(self.spark)
+                raise
+            self.recovery = self._durability.recovery
 
     # ------------------------------------------------------------ schema and rules
     @property
@@ -99,7 +123,8 @@ class Engine:
         ``semantics`` is set (default), raw (multiset) or one (cardinality one)."""
         with self._lock:
             self._check_open()
-            attribute = self._state.schema.create(name, type, semantics)
+            logged = self._durability.log_attribute if self._durability else None
+            attribute = self._state.schema.create(name, type, semantics, log=logged)
             self._state.arrange(attribute)
             return attribute
 
@@ -107,7 +132,7 @@ class Engine:
         """Store rules (EDN ``[[(name ?a ...) clause ...] ...]``); nothing is computed yet."""
         with self._lock:
             self._check_open()
-            return self.rules.register(rules)
+            return self.rules.register(rules, log=self._durability.log_rules if self._durability else None)
 
     def subscribe_attribute(self, name: str, fn: AttributeSubscriber) -> Callable[[], None]:
         """Call ``fn(epoch, [((entity, value), diff), ...])`` after each epoch that changes the
@@ -129,14 +154,20 @@ class Engine:
         return self._state.arrangement_of(self._state.schema.get(name))
 
     # ------------------------------------------------------------ transactions
-    def transact(self, tx: Any) -> int:
+    def transact(self, tx: Any, source: str | None = None, offset: int | None = None) -> int:
         """Apply one transaction atomically as the next epoch; returns the epoch number.
 
         Every installed query is up to date when this returns, and every subscriber has been
         called with the epoch's changes (and with those of every earlier epoch). Called from
         inside a subscriber, it returns as soon as its epoch is committed: that epoch is
         delivered by the loop running the callback, after the current epoch has reached
-        every subscriber.
+        every subscriber. A durable engine returns (and calls subscribers) only once the
+        epoch is in its write-ahead log.
+
+        ``source`` and ``offset`` make input exactly-once (:mod:`factflow.engine.offsets`):
+        the offset is recorded with the epoch, and a transaction whose offset is at or below
+        the latest recorded for its source is skipped, returning the epoch that includes it
+        (see :meth:`offsets`).
 
         A rejected transaction raises and changes nothing. Once the epoch is committed,
         neither a failing subscriber nor a failing maintenance makes this raise (both are
@@ -145,9 +176,20 @@ class Engine:
         engine. Threads may call this concurrently: epochs run one at a time, and
         subscribers receive them in increasing order.
         """
-        return self._committing(lambda: run_epoch(self._state, tx, self._group, self.epoch_log, self._deliveries))
+        checked = check_offset(source, offset)
 
-    def transact_many(self, transactions: Sequence[Any]) -> list[int | FactflowError]:
+        def run() -> int:
+            if checked is not None:
+                applied = self._state.offsets.applied(*checked)
+                if applied is not None:
+                    return applied
+            return run_epoch(self._state, tx, self._group, self.epoch_log, self._deliveries,
+                             dict([checked]) if checked else None, self._journal)
+
+        return self._committing(run)
+
+    def transact_many(self, transactions: Sequence[Any],
+                      offsets: Sequence[tuple[str, int] | None] | None = None) -> list[int | FactflowError]:
         """Group commit: apply several transactions (operation lists or EDN text) in as few
         epochs as possible, each validated on its own; returns, per transaction, the epoch it
         landed in or the error that rejected it (a rejected one changes nothing).
@@ -155,36 +197,65 @@ class Engine:
         The outcome equals applying them one after another in the given order: transactions
         that touch one fact in opposite directions, or give one entity's cardinality-one
         attribute different values, go to successive epochs (see :mod:`factflow.engine.group`).
-        Delivery and maintenance are as in :meth:`transact`.
+        ``offsets`` gives each transaction's ``(source, offset)`` or None, as in
+        :meth:`transact`; a transaction whose offset is at or below one given earlier in the
+        same call gets the outcome of the earliest one at or above it. Delivery, durability
+        and maintenance are as in :meth:`transact`.
         """
         outcomes: list[int | FactflowError | None] = [None] * len(transactions)
+        if offsets is not None and len(offsets) != len(transactions):
+            raise TransactionError(f"{len(offsets)} offsets given for {len(transactions)} transactions")
 
         def run() -> None:
             checked: dict[int, transaction.WideOps] = {}
+            sources: dict[int, tuple[str, int]] = {}
+            covered: dict[int, int] = {}  # position -> the earlier position whose outcome it shares
+            pending: dict[str, list[tuple[int, int]]] = {}  # source -> (offset, position), ascending
             for position, tx in enumerate(transactions):
                 try:
+                    given = offsets[position] if offsets is not None else None
+                    checked_offset = check_offset(*given) if given is not None else None
+                    if checked_offset is not None:
+                        source, offset = checked_offset
+                        applied = self._state.offsets.applied(source, offset)
+                        if applied is not None:
+                            outcomes[position] = applied
+                            continue
+                        earlier = pending.setdefault(source, [])
+                        if earlier and offset <= earlier[-1][0]:
+                            covered[position] = next(p for o, p in earlier if o >= offset)
+                            continue
+                        earlier.append((offset, position))
+                        sources[position] = checked_offset
                     checked[position] = transaction.read_ops(tx, self._state.schema)
                 except TransactionError as exc:
                     outcomes[position] = exc
             positions = list(checked)
             for run_ in plan_runs([checked[p] for p in positions]):
-                self._commit_run([positions[j] for j in run_], checked, outcomes)
+                self._commit_run([positions[j] for j in run_], checked, sources, outcomes)
+            for position, twin in covered.items():
+                outcomes[position] = outcomes[twin]
 
         self._committing(run)
         return outcomes  # type: ignore[return-value]
 
     def _commit_run(self, members: list[int], checked: dict[int, "transaction.WideOps"],
-                    outcomes: list) -> None:
+                    sources: dict[int, tuple[str, int]], outcomes: list) -> None:
         """One epoch for a run of compatible transactions; if it is rejected, each member alone."""
+        offsets: dict[str, int] = {}
+        for member in members:
+            if member in sources:
+                source, offset = sources[member]
+                offsets[source] = max(offset, offsets.get(source, offset))
         try:
             epoch = run_epoch(self._state, transaction.combine([checked[p] for p in members]), self._group,
-                              self.epoch_log, self._deliveries)
+                              self.epoch_log, self._deliveries, offsets or None, self._journal)
         except TransactionError as exc:
             if len(members) == 1:
                 outcomes[members[0]] = exc
                 return
             for member in members:
-                self._commit_run([member], checked, outcomes)
+                self._commit_run([member], checked, sources, outcomes)
             return
         except FactflowError as exc:  # a Spark failure: rolled back, nothing of the run committed
             if isinstance(exc, ExecutionError) and not driver_alive(self.spark):
@@ -194,6 +265,31 @@ class Engine:
             return
         for member in members:
             outcomes[member] = epoch
+
+    @property
+    def _journal(self):
+        return self._durability.log_epoch if self._durability else None
+
+    def offsets(self) -> dict[str, int]:
+        """The latest offset applied per source: ``{source: offset}`` (see :meth:`transact`)."""
+        with self._lock:
+            return self._state.offsets.latest()
+
+    def checkpoint(self) -> int:
+        """Write a checkpoint of the latest closed epoch now and wait for it (a durable engine
+        also writes them in the background, see ``EngineConfig.checkpoint_interval``); returns
+        its epoch. Epochs may run meanwhile."""
+        self._check_open()
+        if self._durability is None:
+            raise StorageError("this engine has no state_dir: there is nothing to checkpoint")
+        return self._durability.checkpoint(self._lock)
+
+    def storage_report(self) -> dict[str, Any] | None:
+        """A durable engine's files: bytes of log and checkpoints, the newest checkpoint's
+        epoch, the last checkpoint written (:class:`CheckpointReport`) and the recovery
+        (:class:`RecoveryReport`); None without ``state_dir``."""
+        with self._lock:
+            return self._durability.report() if self._durability else None
 
     def _committing(self, commit):
         """Run ``commit`` (epochs) under the engine lock, then deliver and maintain outside it."""
@@ -211,6 +307,8 @@ class Engine:
         with self._lock:
             if not self._closed:
                 run_maintenance(self._state, f"factflow-{self._id}-maintenance", self.epoch_log)
+                if self._durability is not None:
+                    self._durability.maybe_checkpoint()
         return result
 
     # ------------------------------------------------------------ queries
@@ -266,7 +364,8 @@ class Engine:
             raise EngineClosedError("the engine is closed")
 
     def close(self) -> None:
-        """Close every query, release all state, remove the temporary state directory, and give
+        """Close every query, wait for a checkpoint being written, release all state, close a
+        durable engine's log and lock (its directory stays), remove the temporary state directory, and give
         up the engine's hold on its session (stopping it when the engine was the last to hold
         a session factflow started). An engine whose Spark driver is gone releases nothing in
         Spark: its state went with the driver."""
@@ -276,11 +375,15 @@ class Engine:
             if driver_alive(self.spark):
                 for q in list(self._state.queries.values()):
                     q.close()
+                if self._durability is not None:
+                    self._durability.wait()
                 self._state.close()
             else:
                 for q in self._state.queries.values():
                     q.closed = True
             self._closed = True
+            if self._durability is not None:
+                self._durability.close()
             if self._owns_state_dir:
                 try:
                     shutil.rmtree(self.state_dir)

@@ -11,7 +11,8 @@ whatever the number of installed queries:
 3. *maintenance*: traces merge their batches geometrically (amortized) and stored
    batches write their index files.
 
-Between the second and the third phase the epoch commits: the latest closed epoch moves
+Between the second and the third phase a durable engine logs the epoch's effective
+changes and offsets (``journal``, see :mod:`factflow.engine.durability`); then the epoch commits: the latest closed epoch moves
 to it and its changes are queued for the subscribers (:mod:`factflow.engine.delivery`),
 who receive them once the engine lock is released. Maintenance never delays results: it
 runs after the delivery (:func:`run_maintenance`, which ``transact`` calls before it
@@ -29,7 +30,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import Any, Callable
 
 import pandas as pd
 
@@ -50,14 +51,20 @@ __all__ = ["run_epoch", "run_maintenance"]
 log = logging.getLogger("factflow.engine")
 
 
+Journal = Callable[[int, dict[int, int], dict[str, int]], None]
+
+
 def run_epoch(state: EngineState, tx: Any, group_prefix: str, epoch_log: list[EpochReport],
-              deliveries: Deliveries) -> int:
+              deliveries: Deliveries, offsets: dict[str, int] | None = None, journal: Journal | None = None) -> int:
     """Apply ``tx`` as the next epoch of ``state`` (jobs in the group ``<group_prefix>-<epoch>``),
     queue its changes on ``deliveries``, append its report to ``epoch_log`` and return the epoch.
 
-    A rejected transaction raises and changes nothing; a failure of the maintenance after
-    the commit is logged instead of raised. A failure that lost the Spark driver raises
-    :class:`ExecutionError` without a rollback (the caller closes the engine).
+    ``offsets`` (``{source: offset}``) are recorded with the epoch; ``journal(epoch,
+    changed, offsets)``, when given, makes the epoch durable before it commits (its
+    failure rolls the epoch back like any other). A rejected transaction raises and
+    changes nothing; a failure of the maintenance after the commit is logged instead of
+    raised. A failure that lost the Spark driver raises :class:`ExecutionError` without a
+    rollback (the caller closes the engine).
     """
     epoch = state.epoch + 1
     group = f"{group_prefix}-{epoch}"
@@ -79,6 +86,11 @@ def run_epoch(state: EngineState, tx: Any, group_prefix: str, epoch_log: list[Ep
                                        subscribed={q.dataflow.result for q in affected if q.has_subscribers})
         notices = _notices(affected, outputs) + _feed_notices(state, watched)
         phases["queries"] = time.perf_counter() - mark
+        if journal is not None:
+            mark = time.perf_counter()
+            sc.setJobDescription(f"epoch {epoch}: write-ahead log")
+            journal(epoch, changed, offsets or {})
+            phases["log"] = time.perf_counter() - mark
     except FactflowError:
         state.rollback(epoch)
         raise
@@ -92,6 +104,8 @@ def run_epoch(state: EngineState, tx: Any, group_prefix: str, epoch_log: list[Ep
         state.rollback(epoch)
         raise
     state.epoch = epoch
+    if offsets:
+        state.offsets.record(offsets, epoch)
     state.advance(epoch)
     deliveries.put(epoch, notices)
     state.defer_maintenance(epoch, changed, affected)

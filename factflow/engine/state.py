@@ -28,6 +28,7 @@ from factflow.engine.apply import small_statements
 from factflow.engine.config import EngineConfig
 from factflow.engine.evaluation import Evaluation
 from factflow.engine.feeds import AttributeFeed
+from factflow.engine.offsets import SourceOffsets
 from factflow.errors import QueryError
 from factflow.model.schema import Attribute, Schema
 from factflow.planner.shared import SharedRules
@@ -40,7 +41,8 @@ __all__ = ["EngineState"]
 
 
 class EngineState:
-    """An engine's schema, arrangements, installed queries, shared rules and latest closed epoch."""
+    """An engine's schema, arrangements, installed queries, shared rules, latest closed epoch,
+    and the offsets applied per source."""
 
     def __init__(self, spark: SparkSession, config: EngineConfig, policy: MergePolicy):
         self.spark = spark
@@ -53,6 +55,7 @@ class EngineState:
         self.feeds: dict[int, AttributeFeed] = {}
         self.shared = SharedRules()
         self.epoch = 0
+        self.offsets = SourceOffsets(config.offset_history)
         self._query_counter = 0
         self.unmaintained: list[tuple[int, set[int], list[Query]]] = []  # (epoch, attribute ids, queries)
 

@@ -7,6 +7,9 @@ resolved only when a query needs them, so a rule may refer to rules registered l
 
 from __future__ import annotations
 
+from typing import Callable
+
+from factflow import edn
 from factflow.errors import RuleError
 from factflow.lang.ast import (
     FnCall, Not, Or, Pattern, Predicate, Rule, RuleCall, Var, binding_vars, clause_vars, show, term_vars,
@@ -52,9 +55,13 @@ class RuleStore:
 
     def __init__(self) -> None:
         self._rules: dict[str, tuple[Rule, ...]] = {}
+        self.texts: list[str] = []  # every registration that added rules, in order (EDN text)
 
-    def register(self, text_or_form) -> list[str]:
-        """Parse, check and store rules; returns the names defined. All or nothing."""
+    def register(self, text_or_form, log: Callable[[str], None] | None = None) -> list[str]:
+        """Parse, check and store rules; returns the names defined. All or nothing.
+
+        When the rules add something, ``log`` is called with their EDN text before they are
+        stored (if it raises, nothing is stored); registering known rules again changes nothing."""
         rules = parse_rules(text_or_form)
         if not rules:
             raise RuleError("no rules given")
@@ -70,8 +77,14 @@ class RuleStore:
             existing = self._rules.get(name)
             if existing is not None and existing != tuple(bodies):
                 raise RuleError(f"rule {name} is already registered with a different definition")
+        if all(self._rules.get(name) == tuple(bodies) for name, bodies in grouped.items()):
+            return list(grouped)
+        text = text_or_form if isinstance(text_or_form, str) else edn.write(text_or_form)
+        if log is not None:
+            log(text)
         for name, bodies in grouped.items():
             self._rules[name] = tuple(bodies)
+        self.texts.append(text)
         return list(grouped)
 
     def bodies(self, name: str, where: str = "") -> tuple[Rule, ...]:

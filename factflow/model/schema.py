@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Callable
 
 from factflow.edn import Keyword
 from factflow.errors import SchemaError, UnknownAttributeError
@@ -60,8 +61,11 @@ class Schema:
         self._by_name: dict[Keyword, Attribute] = {}
         self._by_id: list[Attribute] = []
 
-    def create(self, name: object, value_type: str, semantics: str = "set") -> Attribute:
-        """Define an attribute; defining the same attribute identically again is a no-op."""
+    def create(self, name: object, value_type: str, semantics: str = "set",
+               log: Callable[[Attribute], None] | None = None) -> Attribute:
+        """Define an attribute; defining the same attribute identically again is a no-op.
+
+        A new attribute is passed to ``log`` before it is added (if it raises, nothing is)."""
         key = normalize_attribute_name(name)
         if value_type not in VALUE_TYPES:
             raise SchemaError(f"attribute {key}: unknown type {value_type!r}; use one of {', '.join(VALUE_TYPES)}")
@@ -76,6 +80,8 @@ class Schema:
                 f"cannot redefine it as {value_type}/{semantics}"
             )
         attribute = Attribute(key, value_type, semantics, len(self._by_id))
+        if log is not None:
+            log(attribute)
         self._by_name[key] = attribute
         self._by_id.append(attribute)
         return attribute

@@ -1,0 +1,358 @@
+"""Durable engines: the write-ahead log of every change, background checkpoints, recovery.
+
+``Engine(state_dir=PATH)`` keeps its state in ``PATH`` (:mod:`factflow.storage` writes the
+files; docs/storage.md describes them). What is logged is what the arrangements need and
+nothing else:
+
+* *catalog records*, written before ``create_attribute`` or ``register`` returns: a new
+  attribute with its type and semantics, the EDN text of rules that added something;
+* one *epoch record* per committed epoch, written after its queries are evaluated and
+  before it commits (so before any subscriber, and before ``transact`` returns): the
+  epoch's **effective changes** per attribute (what it appended to each forward index,
+  after validation and set/one/raw semantics), and the offsets it applied per source.
+  Replaying effective changes is deterministic and needs no validation. Small changes
+  travel inside the record as Arrow IPC; large ones (a stored batch) are written as
+  Parquet files by Spark tasks first and the record references them with checksums.
+  An epoch whose record cannot be written is rolled back, so every acknowledged epoch is
+  in the log and every logged epoch was (or was about to be) committed.
+
+A *checkpoint* is every attribute's facts as of an epoch ``E`` (the forward index
+consolidated: each fact once, with its multiplicity), the catalog and the offsets. It
+is taken after an epoch's delivery and maintenance, like merges, once
+``EngineConfig.checkpoint_interval`` epochs or ``checkpoint_log_bytes`` of log have
+accumulated: under the engine lock the log moves to a new segment and the forward
+batches as of ``E`` are pinned (:meth:`factflow.arrangement.batch.Batch.pin`: merges may
+retire them meanwhile, their rows stay readable); a background thread then consolidates
+and writes them (Spark for stored batches, pyarrow on the driver for small ones),
+verifies the files, writes the manifest atomically, and removes what is obsolete: the
+checkpoints other than this one and the previous one, and the log before the previous
+one (so a checkpoint that fails its checksums later still has a predecessor and the log
+after it). Epochs continue meanwhile.
+
+Recovery reads the newest checkpoint that passes its checksums and the log after it,
+sums every attribute's checkpointed facts and logged changes into one consolidated batch
+as of the last logged epoch (:meth:`factflow.arrangement.attribute.AttributeArrangement.load`;
+a Spark job for large attributes, the driver for small ones), recreates attributes and
+rules in their order, and sets the epoch counter and the offsets. Queries installed
+afterwards read those arrangements like any others; the reverse and count indexes are
+built from them when first needed, and index files are written again.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from functools import reduce
+from typing import TYPE_CHECKING
+
+import pandas as pd
+import pyarrow as pa
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from factflow.arrangement.attribute import AttributeArrangement
+from factflow.arrangement.batch import DIFF, Batch
+from factflow.lang.rules import RuleStore
+from factflow.model.frames import spark_frame
+from factflow.model.schema import Attribute
+from factflow.model.types import Kind, spark_type
+from factflow.storage.facts import as_pandas, from_pandas, read_frame, read_tables, write_frame, write_table
+from factflow.storage.store import CheckpointFiles, FactSource, StateStore
+
+if TYPE_CHECKING:  # pragma: no cover
+    from factflow.engine.config import EngineConfig
+    from factflow.engine.state import EngineState
+
+__all__ = ["Durability", "RecoveryReport", "CheckpointReport"]
+
+log = logging.getLogger("factflow.engine")
+
+
+@dataclass
+class RecoveryReport:
+    """What opening a state directory found: the epoch recovered, the checkpoint it started
+    from (None: the log from its start) and the log records and epochs replayed after it,
+    checkpoints refused for damage (each message names the file), torn log tails cut off,
+    and the seconds it took (``phases``: reading files, loading arrangements)."""
+
+    epoch: int
+    checkpoint: int | None
+    log_records: int
+    log_epochs: int
+    facts: int
+    refused: list[str]
+    torn: list[str]
+    seconds: float
+    phases: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class CheckpointReport:
+    """One checkpoint written: its epoch, facts, files and bytes, and seconds (``pause``:
+    under the engine lock; ``seconds``: in all)."""
+
+    epoch: int
+    facts: int
+    files: int
+    bytes: int
+    seconds: float
+    pause: float
+
+
+@dataclass
+class _Snapshot:
+    epoch: int
+    segment: int
+    attributes: list[tuple[str, str, str]]
+    rules: list[str]
+    offsets: dict[str, list[list[int]]]
+    batches: dict[int, tuple[Kind, list[Batch]]]
+    pause: float = 0.0
+
+
+class Durability:
+    """The state directory of one engine: its log, its checkpoints, its recovery."""
+
+    def __init__(self, store: StateStore, state: "EngineState", rules: RuleStore, config: "EngineConfig",
+                 engine_id: int):
+        self.store = store
+        self.state = state
+        self.rules = rules
+        self.config = config
+        self._group = f"factflow-{engine_id}-checkpoint"
+        self._thread: threading.Thread | None = None
+        self._idle = threading.Event()  # clear while a checkpoint is being written
+        self._idle.set()
+        self.checkpointed = 0  # the epoch of the newest checkpoint (0: none)
+        self.last_checkpoint: CheckpointReport | None = None
+        self.last_error: BaseException | None = None
+        self.recovery: RecoveryReport | None = None
+
+    # ------------------------------------------------------------ opening
+    @classmethod
+    def open(cls, directory: str, state: "EngineState", rules: RuleStore, config: "EngineConfig",
+             engine_id: int) -> "Durability":
+        """Open ``directory`` (exclusively) and recover its state into ``state`` and ``rules``."""
+        started = time.perf_counter()
+        store = StateStore(directory)
+        try:
+            recovered = store.recover()
+            read = time.perf_counter() - started
+            durability = cls(store, state, rules, config, engine_id)
+            for name, value_type, semantics in recovered.attributes:
+                state.schema.create(name, value_type, semantics)
+            for text in recovered.rules:
+                rules.register(text)
+            state.offsets.load(recovered.offsets)
+            state.epoch = recovered.epoch
+            mark = time.perf_counter()
+            facts = 0
+            for attribute in state.schema:
+                state.arrange(attribute)
+                sources = recovered.facts.get(attribute.id)
+                if sources:
+                    facts += durability._load(state.arrangement_of(attribute), sources, recovered.epoch)
+        except BaseException:
+            store.close()
+            raise
+        durability.checkpointed = recovered.checkpoint or 0
+        durability.recovery = RecoveryReport(
+            recovered.epoch, recovered.checkpoint, recovered.log_records, recovered.log_epochs, facts,
+            recovered.refused, recovered.torn, time.perf_counter() - started,
+            {"read": round(read, 4), "load": round(time.perf_counter() - mark, 4)})
+        if recovered.epoch or recovered.attributes:
+            log.info("recovered %s: epoch %d from checkpoint %s and %d log records (%d facts, %.2fs)", directory,
+                     recovered.epoch, recovered.checkpoint, recovered.log_records, facts,
+                     durability.recovery.seconds)
+        return durability
+
+    def _load(self, arrangement: AttributeArrangement, sources: list[FactSource], epoch: int) -> int:
+        """Load an attribute's facts, the sum of ``sources``, into its new arrangement; returns their rows."""
+        kind = arrangement.attribute.kind
+        rows = sum(s.rows for s in sources)
+        consolidated = len(sources) == 1  # one source holds each (e, v) once
+        spark = self.state.spark
+        if rows <= self.config.local_limit:
+            tables = [s.table if s.table is not None else read_tables(s.directory, s.files, kind) for s in sources]
+            frame = as_pandas(pa.concat_tables(tables))
+            if not consolidated:
+                frame = frame.groupby(["e", "v"], sort=False, dropna=False, as_index=False)[DIFF].sum()
+                frame = frame[frame[DIFF] != 0]
+            arrangement.load(frame, epoch)
+            return len(frame)
+        frames = [read_frame(spark, s.directory, s.files, kind) for s in sources if s.table is None]
+        inline = [s.table for s in sources if s.table is not None]
+        if inline:
+            frames.append(spark_frame(spark, as_pandas(pa.concat_tables(inline)), _facts_struct(kind)))
+        facts = reduce(DataFrame.unionAll, frames)
+        if not consolidated:
+            facts = facts.groupBy("e", "v").agg(F.sum(DIFF).alias(DIFF)).where(F.col(DIFF) != 0)
+        spark.sparkContext.setJobDescription(f"recover {arrangement.attribute.name}")
+        arrangement.load(facts, epoch)
+        if arrangement.policy.directory is not None:
+            arrangement.forward.index_stored()
+        return arrangement.forward.tuples
+
+    # ------------------------------------------------------------ the log
+    def log_attribute(self, attribute: Attribute) -> None:
+        """Log a new attribute (before it is added)."""
+        self.store.log_attribute(attribute.id, str.__str__(attribute.name), attribute.value_type, attribute.semantics)
+
+    def log_rules(self, text: str) -> None:
+        """Log rules that add something (before they are stored)."""
+        self.store.log_rules(text)
+
+    def log_epoch(self, epoch: int, changed: dict[int, int], offsets: dict[str, int]) -> None:
+        """Log ``epoch`` before it commits: the batch it appended to each changed attribute's
+        forward index (inside the record when held on the driver, as Parquet files when
+        stored in Spark) and its offsets."""
+        small: list[tuple[int, pa.Table]] = []
+        large: list[tuple[int, Kind, DataFrame, int]] = []
+        for aid in sorted(changed):
+            arrangement = self.state.arrangements[aid]
+            kind = arrangement.attribute.kind
+            for batch in arrangement.forward.batches_between(epoch, epoch + 1):
+                if batch.is_local:
+                    small.append((aid, from_pandas(batch.local, kind)))
+                else:
+                    large.append((aid, kind, batch.frame, batch.rows))
+        self.store.log_epoch(epoch, offsets, small, large)
+
+    # ------------------------------------------------------------ checkpoints
+    def maybe_checkpoint(self) -> None:
+        """Start a background checkpoint when one is due and none is being written (engine lock held)."""
+        interval = self.config.checkpoint_interval
+        if interval <= 0 or self.running or self.store.wal.failed is not None:
+            return
+        behind = self.state.epoch - self.checkpointed
+        if behind >= interval or (behind and self.store.wal.bytes_since_rotation >= self.config.checkpoint_log_bytes):
+            try:
+                snapshot = self._snapshot()
+            except Exception as exc:  # the epochs are committed: report, never fail them
+                self.last_error = exc
+                log.exception("starting a checkpoint of epoch %d failed", self.state.epoch)
+                return
+            self._thread = threading.Thread(target=self._write_logged, args=(snapshot,),
+                                            name=f"{self._group}-{snapshot.epoch}", daemon=True)
+            self._thread.start()
+
+    @property
+    def running(self) -> bool:
+        """Whether a checkpoint is being written."""
+        return not self._idle.is_set()
+
+    def wait(self) -> None:
+        """Wait until no checkpoint is being written."""
+        self._idle.wait()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def checkpoint(self, lock: threading.RLock) -> int:
+        """Write a checkpoint of the latest closed epoch now (the snapshot under ``lock``, the
+        files outside it); returns its epoch. Raises what writing it raised."""
+        while True:
+            self._idle.wait()
+            with lock:
+                if self.running:
+                    continue
+                if self.state.epoch == self.checkpointed and self.store.good:
+                    return self.checkpointed
+                snapshot = self._snapshot()
+                break
+        self._write(snapshot)
+        return snapshot.epoch
+
+    def _snapshot(self) -> _Snapshot:
+        """What a checkpoint of the latest closed epoch writes (engine lock held, no checkpoint
+        being written): the log moves to a new segment, the forward batches are pinned."""
+        started = time.perf_counter()
+        state = self.state
+        segment = self.store.begin_checkpoint()
+        self._idle.clear()
+        batches = {}
+        for aid, arrangement in state.arrangements.items():
+            held = list(arrangement.forward.batches)
+            for batch in held:
+                batch.pin()
+            batches[aid] = (arrangement.attribute.kind, held)
+        snapshot = _Snapshot(state.epoch, segment,
+                             [(str.__str__(a.name), a.value_type, a.semantics) for a in state.schema],
+                             list(self.rules.texts), state.offsets.to_json(), batches)
+        snapshot.pause = time.perf_counter() - started
+        return snapshot
+
+    def _write_logged(self, snapshot: _Snapshot) -> None:
+        try:
+            self._write(snapshot)
+        except BaseException as exc:  # a background failure is reported, the next checkpoint tries again
+            self.last_error = exc
+            log.exception("writing the checkpoint of epoch %d failed", snapshot.epoch)
+
+    def _write(self, snapshot: _Snapshot) -> None:
+        started = time.perf_counter()
+        sc = self.state.spark.sparkContext
+        sc.setJobGroup(f"{self._group}-{snapshot.epoch}", f"factflow checkpoint of epoch {snapshot.epoch}",
+                       interruptOnCancel=False)
+        try:
+            facts = {aid: CheckpointFiles(kind, self._writer(kind, batches))
+                     for aid, (kind, batches) in snapshot.batches.items()}
+            manifest = self.store.write_checkpoint(snapshot.epoch, snapshot.segment, snapshot.attributes,
+                                                   snapshot.rules, snapshot.offsets, facts)
+            entries = [f for entry in manifest["facts"] for f in entry["files"]]
+            self.last_checkpoint = CheckpointReport(
+                snapshot.epoch, sum(e["rows"] for e in manifest["facts"]), len(entries),
+                sum(f["size"] for f in entries), time.perf_counter() - started + snapshot.pause, snapshot.pause)
+            self.checkpointed = max(self.checkpointed, snapshot.epoch)
+        finally:
+            for _, batches in snapshot.batches.values():
+                for batch in batches:
+                    batch.unpin()
+            sc.setJobGroup("", "", interruptOnCancel=False)
+            self._idle.set()
+        log.info("checkpoint of epoch %d: %d facts in %d files (%d bytes), %.2fs", snapshot.epoch,
+                 self.last_checkpoint.facts, len(entries), self.last_checkpoint.bytes, self.last_checkpoint.seconds)
+
+    def _writer(self, kind: Kind, batches: list[Batch]):
+        """A function writing the consolidated rows of ``batches`` into a checkpoint directory."""
+        spark = self.state.spark
+
+        def write(directory: str, prefix: str) -> list[dict]:
+            if not batches:
+                return []
+            local = [b.local[["e", "v", DIFF]] for b in batches if b.is_local]
+            stored = [b.frame.select("e", "v", DIFF) for b in batches if not b.is_local]
+            if not stored:
+                frame = pd.concat(local, ignore_index=True)
+                frame = frame.groupby(["e", "v"], sort=False, dropna=False, as_index=False)[DIFF].sum()
+                table = from_pandas(frame[frame[DIFF] != 0], kind)
+                return [write_table(table, f"{directory}/{prefix}part-00000.parquet")] if table.num_rows else []
+            if local:
+                stored.append(spark_frame(spark, pd.concat(local, ignore_index=True), _facts_struct(kind)))
+            union = reduce(DataFrame.unionAll, stored)
+            facts = union.groupBy("e", "v").agg(F.sum(DIFF).alias(DIFF)).where(F.col(DIFF) != 0)
+            spark.sparkContext.setJobDescription(f"checkpoint: write {prefix.rstrip('-')}")
+            return write_frame(facts, directory, prefix, kind)
+
+        return write
+
+    # ------------------------------------------------------------ reports and closing
+    def report(self) -> dict:
+        """Sizes on disk, the last checkpoint and the recovery (for ``Engine.storage_report``)."""
+        return {"directory": self.store.directory, "bytes": self.store.sizes(), "checkpointed_epoch": self.checkpointed,
+                "log_segment": self.store.wal.segment, "checkpoint_running": self.running,
+                "last_checkpoint": self.last_checkpoint, "last_checkpoint_error": repr(self.last_error)
+                if self.last_error else None, "recovery": self.recovery}
+
+    def close(self) -> None:
+        """Wait for a running checkpoint, close the log and give the directory up."""
+        self.wait()
+        self.store.close()
+
+
+def _facts_struct(kind: Kind) -> T.StructType:
+    return T.StructType([T.StructField("e", T.LongType(), False), T.StructField("v", spark_type(kind), True),
+                         T.StructField(DIFF, T.LongType(), False)])

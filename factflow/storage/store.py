@@ -1,0 +1,357 @@
+"""A durable engine's state directory: what is where, recovery, and the log and checkpoints written to it.
+
+Layout (docs/storage.md describes every file)::
+
+    FORMAT                          sealed JSON: format name and version
+    LOCK                            flock'd by the engine that has the directory open
+    wal/<segment>.log               the write-ahead log (:mod:`.wal`)
+    wal/bulk-<epoch>/a<id>-part-<n>.parquet
+                                    large changes of one epoch, referenced by its record
+    checkpoints/<epoch>/a<id>-part-<n>.parquet
+                                    each attribute's facts as of the checkpoint's epoch
+    checkpoints/<epoch>/manifest.json
+                                    sealed JSON, written last: catalog, offsets, files
+    indexes/                        derived index files (:mod:`factflow.arrangement.index`),
+                                    emptied at every open
+
+:class:`StateStore` opens the directory (lock, format version, removal of what a crash
+left half-written), reads it back (:meth:`StateStore.recover`: the newest checkpoint
+whose files pass their checksums, falling back to older ones, plus the log after it),
+appends log records, and writes checkpoints and removes what they make obsolete. It
+knows files and records, not engines: :mod:`factflow.engine.durability` turns what it
+reads into arrangements and what the engine does into records.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import pyarrow as pa
+from pyspark.sql import DataFrame
+
+from factflow.errors import CorruptStateError, StateVersionError
+from factflow.model.types import Kind
+from factflow.storage.facts import from_ipc, to_ipc, write_frame
+from factflow.storage.files import (
+    DirectoryLock, fsync_dir, open_sealed_json, sealed_json, verify_file, write_atomic,
+)
+from factflow.storage.wal import FORMAT_VERSION, LogRecord, WriteAheadLog
+
+__all__ = ["StateStore", "Recovered", "FactSource", "CheckpointFiles", "FORMAT_VERSION"]
+
+log = logging.getLogger("factflow.storage")
+
+_FORMAT_NAME = "factflow-state"
+_CHECKPOINT = re.compile(r"^(\d{12})$")
+_BULK = re.compile(r"^bulk-(\d{12})$")
+
+
+@dataclass
+class FactSource:
+    """Rows ``(e, v, _diff)`` of one attribute read back from the directory: an Arrow table
+    (from a log record) or Parquet files (``directory`` and their entries). Each source holds
+    every ``(e, v)`` at most once (a checkpoint's facts, or one epoch's effective changes)."""
+
+    rows: int
+    table: pa.Table | None = None
+    directory: str | None = None
+    files: list[dict] = field(default_factory=list)
+
+
+@dataclass
+class Recovered:
+    """What :meth:`StateStore.recover` read: the catalog, offsets and facts as of ``epoch``.
+
+    ``attributes``: ``(name, type, semantics)`` in id order; ``rules``: registered rule
+    texts in order; ``offsets``: per source the ``[offset, epoch]`` pairs retained;
+    ``facts``: per attribute id, the sources whose rows sum to its facts (the checkpoint's
+    files first, then the changes of every later epoch). ``checkpoint``: the epoch of the checkpoint
+    used (None: the log from its start). ``refused``: damage found in newer checkpoints;
+    ``torn``: what a torn log tail lost (never an acknowledged epoch).
+    """
+
+    epoch: int = 0
+    attributes: list[tuple[str, str, str]] = field(default_factory=list)
+    rules: list[str] = field(default_factory=list)
+    offsets: dict[str, list[list[int]]] = field(default_factory=dict)
+    facts: dict[int, list[FactSource]] = field(default_factory=dict)
+    checkpoint: int | None = None
+    log_records: int = 0
+    log_epochs: int = 0
+    refused: list[str] = field(default_factory=list)
+    torn: list[str] = field(default_factory=list)
+
+
+@dataclass
+class CheckpointFiles:
+    """One attribute's facts in a checkpoint being written: its kind, and a function that
+    writes its files into a directory (with a name prefix) and returns their entries."""
+
+    kind: Kind
+    write: Callable[[str, str], list[dict]]
+
+
+class StateStore:
+    """The state directory of one durable engine, opened exclusively."""
+
+    def __init__(self, directory: str):
+        self.directory = os.path.abspath(directory)
+        if not os.path.isdir(self.directory):
+            os.makedirs(self.directory)
+            fsync_dir(os.path.dirname(self.directory))
+        self._lock = DirectoryLock(self.directory)
+        try:
+            self._check_format()
+            self.wal = WriteAheadLog(os.path.join(self.directory, "wal"))
+            self.checkpoints_dir = os.path.join(self.directory, "checkpoints")
+            os.makedirs(self.checkpoints_dir, exist_ok=True)
+            fsync_dir(self.directory)  # the names of wal/ and checkpoints/ are durable too
+            shutil.rmtree(os.path.join(self.directory, "indexes"), ignore_errors=True)
+            self._remove_unfinished()
+        except BaseException:
+            self._lock.release()
+            raise
+        self.good: list[tuple[int, int]] = []  # (epoch, log segment) of the checkpoints known valid, oldest first
+
+    # ------------------------------------------------------------ opening
+    def _check_format(self) -> None:
+        path = os.path.join(self.directory, "FORMAT")
+        if not os.path.exists(path):
+            if os.path.isdir(os.path.join(self.directory, "wal")) and os.listdir(os.path.join(self.directory, "wal")):
+                raise CorruptStateError(f"{path} is missing, but {self.directory} holds a write-ahead log")
+            write_atomic(path, sealed_json({"format": _FORMAT_NAME, "version": FORMAT_VERSION}))
+            return
+        body = open_sealed_json(path)
+        if body.get("format") != _FORMAT_NAME:
+            raise CorruptStateError(f"{path} does not describe a factflow state directory")
+        _check_version(path, body)
+
+    def _remove_unfinished(self) -> None:
+        """Delete what a crash left half-written: checkpoints without a manifest, temporary files."""
+        for name in os.listdir(self.checkpoints_dir):
+            path = os.path.join(self.checkpoints_dir, name)
+            if _CHECKPOINT.match(name) and not os.path.exists(os.path.join(path, "manifest.json")):
+                shutil.rmtree(path, ignore_errors=True)
+            elif _CHECKPOINT.match(name):
+                _remove_temporary(path)
+            elif name.endswith(".tmp"):
+                os.remove(path)
+        _remove_temporary(self.wal.directory)
+        for name in os.listdir(self.wal.directory):
+            if _BULK.match(name):
+                _remove_temporary(os.path.join(self.wal.directory, name))
+
+    # ------------------------------------------------------------ recovery
+    def recover(self) -> Recovered:
+        """Read the state back: the newest checkpoint that passes its checksums (older ones
+        when it does not, each refusal logged and listed) and the log after it, whose torn
+        tail is cut off; then open the log for appending."""
+        out = Recovered()
+        first_segment = 1
+        for epoch in sorted(self._checkpoint_epochs(), reverse=True):
+            path = self._checkpoint_path(epoch)
+            try:
+                manifest = self._read_manifest(path)
+            except CorruptStateError as exc:
+                message = f"checkpoint {epoch} refused: {exc}"
+                log.error("%s; falling back to an older checkpoint and the log", message)
+                out.refused.append(message)
+                continue
+            out.epoch = out.checkpoint = manifest["epoch"]
+            out.attributes = [tuple(a) for a in manifest["attributes"]]
+            out.rules = list(manifest["rules"])
+            out.offsets = {s: [list(p) for p in pairs] for s, pairs in manifest["offsets"].items()}
+            for entry in manifest["facts"]:
+                if entry["rows"]:
+                    out.facts[entry["attribute"]] = [FactSource(entry["rows"], directory=path, files=entry["files"])]
+            first_segment = manifest["log_segment"]
+            self.good = [(out.epoch, first_segment)]
+            break
+        try:
+            for segment, record in self.wal.scan(first_segment):
+                self._replay(record, out, self.wal.path(segment))
+        except CorruptStateError as exc:
+            if out.refused:
+                raise CorruptStateError(f"{exc}; and no checkpoint to fall back to: {'; '.join(out.refused)}") from None
+            raise
+        self.wal.open_for_append(first_segment)
+        out.torn = list(self.wal.torn)
+        self._remove_bulk(lambda epoch: epoch > out.epoch)  # written for epochs never logged
+        return out
+
+    def _read_manifest(self, path: str) -> dict:
+        manifest_path = os.path.join(path, "manifest.json")
+        manifest = open_sealed_json(manifest_path)
+        _check_version(manifest_path, manifest)
+        for entry in manifest["facts"]:
+            for f in entry["files"]:
+                verify_file(os.path.join(path, f["name"]), f["size"], f["crc32"])
+        return manifest
+
+    def _replay(self, record: LogRecord, out: Recovered, segment: str) -> None:
+        meta = record.meta
+        kind = meta.get("type")
+        out.log_records += 1
+        if kind == "attribute":
+            if meta["id"] != len(out.attributes):
+                raise CorruptStateError(f"{segment} defines attribute {meta['name']} with id {meta['id']}, "
+                                        f"expected {len(out.attributes)}")
+            out.attributes.append((meta["name"], meta["value_type"], meta["semantics"]))
+        elif kind == "rules":
+            out.rules.append(meta["text"])
+        elif kind == "epoch":
+            epoch = meta["epoch"]
+            if epoch != out.epoch + 1:
+                raise CorruptStateError(f"{segment} holds epoch {epoch} after epoch {out.epoch}")
+            for change in meta["changes"]:
+                aid = change["attribute"]
+                if "blob" in change:
+                    source = FactSource(change["rows"], table=from_ipc(record.blobs[change["blob"]]))
+                else:
+                    directory = os.path.join(self.wal.directory, change["dir"])
+                    for f in change["files"]:
+                        verify_file(os.path.join(directory, f["name"]), f["size"], f["crc32"])
+                    source = FactSource(change["rows"], directory=directory, files=change["files"])
+                out.facts.setdefault(aid, []).append(source)
+            for source, offset in meta.get("offsets", {}).items():
+                out.offsets.setdefault(source, []).append([offset, epoch])
+            out.epoch = epoch
+            out.log_epochs += 1
+        else:
+            raise CorruptStateError(f"{segment} holds a record of unknown type {kind!r}")
+
+    # ------------------------------------------------------------ the log
+    def log_attribute(self, id: int, name: str, value_type: str, semantics: str) -> None:
+        """Log a new attribute (durable on return)."""
+        self.wal.append(LogRecord({"type": "attribute", "id": id, "name": name, "value_type": value_type,
+                                   "semantics": semantics}))
+
+    def log_rules(self, text: str) -> None:
+        """Log registered rules (durable on return)."""
+        self.wal.append(LogRecord({"type": "rules", "text": text}))
+
+    def log_epoch(self, epoch: int, offsets: dict[str, int], small: Sequence[tuple[int, pa.Table]],
+                  large: Sequence[tuple[int, Kind, DataFrame, int]]) -> None:
+        """Log a committed epoch (durable on return): its offsets, its small changes per
+        attribute id as Arrow tables inside the record, its large ones (Spark frames with
+        their row counts) as Parquet files under ``wal/bulk-<epoch>`` written first."""
+        changes: list[dict] = []
+        blobs: list[bytes] = []
+        for aid, table in small:
+            changes.append({"attribute": aid, "rows": table.num_rows, "blob": len(blobs)})
+            blobs.append(to_ipc(table))
+        if large:
+            name = f"bulk-{epoch:012d}"
+            directory = os.path.join(self.wal.directory, name)
+            shutil.rmtree(directory, ignore_errors=True)
+            for aid, kind, frame, rows in large:
+                files = write_frame(frame, directory, f"a{aid}-", kind)
+                changes.append({"attribute": aid, "rows": rows, "dir": name, "files": files})
+                self.wal.bytes_since_rotation += sum(f["size"] for f in files)
+            fsync_dir(self.wal.directory)
+        self.wal.append(LogRecord({"type": "epoch", "epoch": epoch, "offsets": offsets, "changes": changes}, blobs))
+
+    # ------------------------------------------------------------ checkpoints
+    def begin_checkpoint(self) -> int:
+        """Start a new log segment for the records after the checkpoint about to be taken; returns it."""
+        return self.wal.rotate()
+
+    def write_checkpoint(self, epoch: int, log_segment: int, attributes: list[tuple[str, str, str]],
+                         rules: list[str], offsets: dict[str, list[list[int]]],
+                         facts: dict[int, CheckpointFiles]) -> dict:
+        """Write the checkpoint of ``epoch`` (files, checked by reading them back, then the
+        manifest), then remove what it makes obsolete: checkpoints other than this one and
+        the previous valid one, log segments before the previous one's, and the bulk files
+        they referenced. Returns the manifest. Safe to run beside epochs being logged."""
+        path = self._checkpoint_path(epoch)
+        shutil.rmtree(path, ignore_errors=True)
+        os.makedirs(path)
+        entries = []
+        for aid in sorted(facts):
+            files = facts[aid].write(path, f"a{aid}-")
+            entries.append({"attribute": aid, "rows": sum(f["rows"] for f in files), "files": files})
+        fsync_dir(path)
+        for entry in entries:
+            for f in entry["files"]:
+                verify_file(os.path.join(path, f["name"]), f["size"], f["crc32"])
+        manifest = {"format": _FORMAT_NAME, "version": FORMAT_VERSION, "epoch": epoch, "log_segment": log_segment,
+                    "written": time.time(), "attributes": [list(a) for a in attributes], "rules": list(rules),
+                    "offsets": offsets, "facts": entries}
+        write_atomic(os.path.join(path, "manifest.json"), sealed_json(manifest))
+        fsync_dir(self.checkpoints_dir)
+        open_sealed_json(os.path.join(path, "manifest.json"))
+        self.good = (self.good + [(epoch, log_segment)])[-2:]
+        self._remove_obsolete()
+        return manifest
+
+    def _remove_obsolete(self) -> None:
+        keep = {epoch for epoch, _ in self.good}
+        for epoch in self._checkpoint_epochs():
+            if epoch not in keep:  # the manifest first: a half-removed checkpoint is an unfinished one
+                os.remove(os.path.join(self._checkpoint_path(epoch), "manifest.json"))
+                shutil.rmtree(self._checkpoint_path(epoch), ignore_errors=True)
+        if len(self.good) == 2:  # with one, the previous state is the empty one: the whole log stays
+            oldest_epoch, oldest_segment = self.good[0]
+            self.wal.remove_before(oldest_segment)
+            self._remove_bulk(lambda epoch: epoch <= oldest_epoch)
+        fsync_dir(self.checkpoints_dir)
+
+    def _remove_bulk(self, obsolete: Callable[[int], bool]) -> None:
+        removed = False
+        for name in os.listdir(self.wal.directory):
+            match = _BULK.match(name)
+            if match and obsolete(int(match.group(1))):
+                shutil.rmtree(os.path.join(self.wal.directory, name), ignore_errors=True)
+                removed = True
+        if removed:
+            fsync_dir(self.wal.directory)
+
+    def _checkpoint_epochs(self) -> list[int]:
+        return sorted(int(m.group(1)) for m in map(_CHECKPOINT.match, os.listdir(self.checkpoints_dir))
+                      if m and os.path.exists(os.path.join(self.checkpoints_dir, m.group(0), "manifest.json")))
+
+    def _checkpoint_path(self, epoch: int) -> str:
+        return os.path.join(self.checkpoints_dir, f"{epoch:012d}")
+
+    # ------------------------------------------------------------ sizes and closing
+    def sizes(self) -> dict[str, int]:
+        """Bytes on disk: ``log`` (segments and bulk files), ``checkpoints``."""
+        return {"log": _bytes_under(self.wal.directory), "checkpoints": _bytes_under(self.checkpoints_dir)}
+
+    def close(self) -> None:
+        """Close the log and give up the lock."""
+        self.wal.close()
+        self._lock.release()
+
+
+def _check_version(path: str, body: dict) -> None:
+    version = body.get("version")
+    if not isinstance(version, int):
+        raise CorruptStateError(f"{path} has no format version")
+    if version > FORMAT_VERSION:
+        raise StateVersionError(f"{path} was written in storage format version {version}, newer than this "
+                                f"factflow reads ({FORMAT_VERSION}); open it with a newer factflow")
+
+
+def _remove_temporary(directory: str) -> None:
+    """Delete the ``*.tmp`` files in ``directory`` (written, never renamed into place)."""
+    for name in os.listdir(directory):
+        if name.endswith(".tmp"):
+            os.remove(os.path.join(directory, name))
+
+
+def _bytes_under(path: str) -> int:
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.path.getsize(os.path.join(root, name))
+            except OSError:
+                pass
+    return total

@@ -75,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--port", type=int, default=6262, help="port (default 6262; 0 picks a free one)")
     sub.add_argument("--master", help="Spark master (default: local[*])")
     sub.add_argument("--token-file", metavar="FILE", help="a file holding the token clients must present")
+    sub.add_argument("--state-dir", metavar="DIR", help="keep the engine's state durable in DIR (see docs/storage.md)")
     sub.add_argument("--max-frame-mib", type=float, default=16, help="largest frame accepted, in MiB (default 16)")
     sub.add_argument("--max-waiting-rows", type=int, default=1_000_000,
                      help="change rows that may wait for a slow client before it is dropped (default 1000000)")
@@ -125,8 +126,8 @@ def serve(args: argparse.Namespace) -> int:
     from factflow.server import ServerConfig, serve as run_server
 
     config = ServerConfig(max_frame_bytes=int(args.max_frame_mib * 1024 * 1024), max_waiting_rows=args.max_waiting_rows)
-    return run_server(args.host, args.port, master=args.master, token=_read_token(args.token_file), config=config,
-                      announce=lambda line: print(line, flush=True))
+    return run_server(args.host, args.port, master=args.master, token=_read_token(args.token_file),
+                      state_dir=args.state_dir, config=config, announce=lambda line: print(line, flush=True))
 
 
 def tx(args: argparse.Namespace) -> int:

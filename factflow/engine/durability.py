@@ -55,7 +55,6 @@ from pyspark.sql import types as T
 
 from factflow.arrangement.attribute import AttributeArrangement
 from factflow.arrangement.batch import DIFF, Batch
-from factflow.errors import StorageError
 from factflow.lang.rules import RuleStore
 from factflow.model.frames import spark_frame
 from factflow.model.schema import Attribute

@@ -9,6 +9,7 @@ transactions that must have survived.
 
 from __future__ import annotations
 
+import datetime
 import glob
 import os
 import zlib
@@ -115,6 +116,36 @@ def test_bulk_epochs_and_stored_batches_survive(spark, tmp_path):
     try:
         assert db.recovery.checkpoint == 6
         check_queries(db, oracle_after(stream), LIGHT)
+    finally:
+        db.close()
+
+
+def test_instants_survive_the_log_checkpoints_and_recovery(spark, tmp_path):
+    """Instants (UTC timestamps) through small and bulk log records, a Spark-written
+    checkpoint and both recovery paths."""
+    config = EngineConfig(local_limit=3, checkpoint_interval=0)
+    query = "[:find ?e ?t :where [?e :x/when ?t]]"
+    db = Engine(spark=spark, state_dir=str(tmp_path), config=config)
+    try:
+        db.create_attribute(":x/when", type="instant", semantics="one")
+        db.transact([[":db/add", 1, ":x/when", datetime.datetime(2020, 1, 1, 12, 30, 0, 250)]])
+        db.transact(pd.DataFrame({"e": range(2, 9), "a": ":x/when",
+                                  "v": [datetime.datetime(2021, 1, d, 8) for d in range(1, 8)]}))
+        expected = db.query(query).results()
+        assert len(expected) == 8
+    finally:
+        db.close()
+    db = Engine(spark=spark, state_dir=str(tmp_path), config=config)
+    try:
+        assert db.query(query).results() == expected
+        db.checkpoint()
+        db.transact([[":db/add", 2, ":x/when", datetime.datetime(1999, 12, 31, 23, 59)]])
+        expected = db.query(query).results()
+    finally:
+        db.close()
+    db = Engine(spark=spark, state_dir=str(tmp_path), config=config)
+    try:
+        assert db.recovery.checkpoint == 2 and db.query(query).results() == expected
     finally:
         db.close()
 

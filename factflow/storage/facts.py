@@ -24,7 +24,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from factflow.model.types import Kind, spark_type
-from factflow.storage.files import fsync_dir
+from factflow.storage.files import fsync_dir, write_atomic
 
 __all__ = ["facts_schema", "from_pandas", "to_ipc", "from_ipc", "write_table", "write_frame", "read_tables", "read_frame",
            "as_pandas", "FILE_ENTRY"]
@@ -86,20 +86,11 @@ def from_ipc(data: bytes) -> pa.Table:
 
 
 def write_table(table: pa.Table, path: str) -> dict:
-    """Write ``table`` as the Parquet file ``path`` (temporary name, fsync, rename); returns its entry."""
+    """Write ``table`` as the Parquet file ``path`` (atomically, see :func:`write_atomic`); returns its entry."""
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink, compression="zstd")
     data = sink.getvalue()
-    tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+    write_atomic(path, data)
     return {"name": os.path.basename(path), "rows": table.num_rows, "size": data.size, "crc32": zlib.crc32(data)}
 
 

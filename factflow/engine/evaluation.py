@@ -196,16 +196,19 @@ class Evaluation:
 
     # ------------------------------------------------------------ small epochs: fetch to the driver
     def _fetch(self, steps, outputs, label: str) -> list[tuple[Stateful, str]]:
-        """Fetch and commit the round's rows with one job; returns the steps whose relations
-        exceeded their share of ``fetch_limit`` (nothing of them committed)."""
+        """Fetch and commit the round's pending rows with one job; returns the steps whose
+        relations exceeded their share of ``fetch_limit`` (nothing of them committed).
+
+        Every step is a PENDING one: a small epoch splits no Distinct (see :meth:`_split`).
+        """
         cx = self.cx
         collector = Collector()
         fetched_steps = []
         for node, step in steps:
-            relation = node.state_delta(cx) if step == STATE else node.pending(cx)
+            relation = node.pending(cx)
             if relation is None:
                 continue
-            extra = [(DIFF, Kind.LONG)] + ([(OUT, Kind.LONG)] if step == PENDING and isinstance(node, Distinct) else [])
+            extra = [(DIFF, Kind.LONG)] + ([(OUT, Kind.LONG)] if isinstance(node, Distinct) else [])
             collector.add(relation, list(node.columns) + extra)
             fetched_steps.append((node, step))
         with self.small_statements():
@@ -214,10 +217,6 @@ class Evaluation:
         for (node, step), frame in zip(fetched_steps, frames):
             if frame is None:
                 over.append((node, step))
-            elif step == STATE:
-                view = register_view(spark_frame(self.spark, frame, _schema(node)), prefix="ff_l")
-                self._views.append(view)
-                cx.set(node, "state", f"(SELECT /*+ COALESCE(1) */ * FROM {view})")
             else:
                 node.writer.append_pandas(frame[node.names + [DIFF]], cx.epoch)
                 outputs[node] = frame
@@ -255,9 +254,3 @@ class Evaluation:
 def _over_result_limit(exc: BaseException) -> bool:
     """Whether a Spark failure is a collect stopped by ``spark.driver.maxResultSize``."""
     return "maxResultSize" in str(exc)
-
-
-def _schema(node: Stateful) -> T.StructType:
-    fields = [T.StructField(n, spark_type(k), False) for n, k in node.columns]
-    fields.append(T.StructField(DIFF, T.LongType(), False))
-    return T.StructType(fields)

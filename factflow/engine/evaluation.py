@@ -22,11 +22,13 @@ is checked on the driver once a task's result has arrived, and a small statement
 one partition, so its one task result could be larger than the driver's heap (oregon1's
 triangles in batches of 1,000 nodes ran a 2 GiB driver out of memory that way).
 
-The default of one million rows is measured against that failure: a fetch of rows of
-eight columns (five longs, three strings), computed in one task, ran a fresh 2 GiB
-driver out of heap at 6 million rows (4 million passed) and a 1 GiB driver passed 2
-million, so a million leaves the heap room for what the engine keeps in it besides.
-Rows are not bytes: much wider rows narrow that margin.
+The default of a million rows is measured against that failure, with rows of the
+collector's wide shape (five long and three string slots) computed in one task: a fresh
+2 GiB driver fetched 4 million and ran out of heap at 6 million, a 1 GiB driver fetched 2
+million, a 512 MiB one ran out at 1 million. A million such rows (73 MiB as Arrow) thus
+take at most about a quarter of a 2 GiB heap, as ``spark.driver.maxResultSize`` intends,
+which leaves room for what the engine keeps there besides. Rows are not bytes: much
+wider rows narrow that margin.
 
 A fixpoint's iterations (:meth:`Evaluation.collect`) are bounded by the same limit, but
 cannot be kept in Spark (see there): an iteration over it fails the evaluation.

@@ -22,11 +22,13 @@ is checked on the driver once a task's result has arrived, and a small statement
 one partition, so its one task result could be larger than the driver's heap (oregon1's
 triangles in batches of 1,000 nodes ran a 2 GiB driver out of memory that way).
 
-The default of one million rows is measured against that failure: a fetch of rows of
-eight columns (five longs, three strings), computed in one task, ran a fresh 2 GiB
-driver out of heap at 6 million rows (4 million passed) and a 1 GiB driver passed 2
-million, so a million leaves the heap room for what the engine keeps in it besides.
-Rows are not bytes: much wider rows narrow that margin.
+The default of a million rows is measured against that failure, with rows of the
+collector's wide shape (five long and three string slots) computed in one task: a fresh
+2 GiB driver fetched 4 million and ran out of heap at 6 million, a 1 GiB driver fetched 2
+million, a 512 MiB one ran out at 1 million. A million such rows (73 MiB as Arrow) thus
+take at most about a quarter of a 2 GiB heap, as ``spark.driver.maxResultSize`` intends,
+which leaves room for what the engine keeps there besides. Rows are not bytes: much
+wider rows narrow that margin.
 
 A fixpoint's iterations (:meth:`Evaluation.collect`) are bounded by the same limit, but
 cannot be kept in Spark (see there): an iteration over it fails the evaluation.
@@ -196,16 +198,19 @@ class Evaluation:
 
     # ------------------------------------------------------------ small epochs: fetch to the driver
     def _fetch(self, steps, outputs, label: str) -> list[tuple[Stateful, str]]:
-        """Fetch and commit the round's rows with one job; returns the steps whose relations
-        exceeded their share of ``fetch_limit`` (nothing of them committed)."""
+        """Fetch and commit the round's pending rows with one job; returns the steps whose
+        relations exceeded their share of ``fetch_limit`` (nothing of them committed).
+
+        Every step is a PENDING one: a small epoch splits no Distinct (see :meth:`_split`).
+        """
         cx = self.cx
         collector = Collector()
         fetched_steps = []
         for node, step in steps:
-            relation = node.state_delta(cx) if step == STATE else node.pending(cx)
+            relation = node.pending(cx)
             if relation is None:
                 continue
-            extra = [(DIFF, Kind.LONG)] + ([(OUT, Kind.LONG)] if step == PENDING and isinstance(node, Distinct) else [])
+            extra = [(DIFF, Kind.LONG)] + ([(OUT, Kind.LONG)] if isinstance(node, Distinct) else [])
             collector.add(relation, list(node.columns) + extra)
             fetched_steps.append((node, step))
         with self.small_statements():
@@ -214,10 +219,6 @@ class Evaluation:
         for (node, step), frame in zip(fetched_steps, frames):
             if frame is None:
                 over.append((node, step))
-            elif step == STATE:
-                view = register_view(spark_frame(self.spark, frame, _schema(node)), prefix="ff_l")
-                self._views.append(view)
-                cx.set(node, "state", f"(SELECT /*+ COALESCE(1) */ * FROM {view})")
             else:
                 node.writer.append_pandas(frame[node.names + [DIFF]], cx.epoch)
                 outputs[node] = frame
@@ -255,9 +256,3 @@ class Evaluation:
 def _over_result_limit(exc: BaseException) -> bool:
     """Whether a Spark failure is a collect stopped by ``spark.driver.maxResultSize``."""
     return "maxResultSize" in str(exc)
-
-
-def _schema(node: Stateful) -> T.StructType:
-    fields = [T.StructField(n, spark_type(k), False) for n, k in node.columns]
-    fields.append(T.StructField(DIFF, T.LongType(), False))
-    return T.StructType(fields)

@@ -9,7 +9,8 @@ A client that reads slowly never holds up the engine or other clients: while its
 messages wait, a new change of a query (or attribute) that already has a change waiting
 is folded into it (rows' diffs summed, the epoch the latest), so what waits grows with
 the number of distinct changed rows, not with the number of epochs. Past ``max_rows``
-waiting change rows the client is dropped (see :attr:`Outbox.overflowed`).
+waiting change rows the outbox overflows: it calls ``on_overflow`` once (the server drops
+the client) and sends nothing more.
 
 A query interest with a granularity of G seconds gets at most one diff message per G
 seconds: changes arriving sooner wait, folded, until the window closes.
@@ -20,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from typing import Any
+from typing import Any, Callable
 
 __all__ = ["Outbox"]
 
@@ -56,8 +57,9 @@ class _Changes:
 class Outbox:
     """The queue of one client's outgoing messages (used on the event loop's thread only)."""
 
-    def __init__(self, max_rows: int):
+    def __init__(self, max_rows: int, on_overflow: Callable[[], None] | None = None):
         self.max_rows = max_rows
+        self._on_overflow = on_overflow
         self._queue: deque[dict | _Changes] = deque()
         self._waiting: dict[tuple[str, str], _Changes] = {}  # changes still in the queue, by source
         self._held: dict[str, _Changes] = {}  # query changes held back by a granularity window
@@ -132,9 +134,11 @@ class Outbox:
 
     def _grow(self, rows: int) -> None:
         self._rows += rows
-        if self._rows > self.max_rows:
+        if self._rows > self.max_rows and not self.overflowed:
             self.overflowed = True
             self._ready.set()
+            if self._on_overflow is not None:
+                self._on_overflow()
 
     # ------------------------------------------------------------ the writer
     async def next(self) -> dict | None:

@@ -70,9 +70,10 @@ class ServerConfig:
 class _Connection:
     """One connected client: its socket, outbox, listener and whether it presented the token."""
 
-    def __init__(self, ws: ServerConnection, outbox: Outbox, authenticated: bool):
+    def __init__(self, ws: ServerConnection, max_waiting_rows: int, authenticated: bool,
+                 on_overflow: Callable[["_Connection"], None]):
         self.ws = ws
-        self.outbox = outbox
+        self.outbox = Outbox(max_waiting_rows, on_overflow=lambda: on_overflow(self))
         self.listener = Listener(f"c{next(_CLIENT_IDS)}")
         self.authenticated = authenticated
         self.writer: asyncio.Task | None = None
@@ -140,7 +141,7 @@ class Server:
 
     # ------------------------------------------------------------ one connection
     async def _serve_connection(self, ws: ServerConnection) -> None:
-        connection = _Connection(ws, Outbox(self.config.max_waiting_rows), self._bearer_ok(ws))
+        connection = _Connection(ws, self.config.max_waiting_rows, self._bearer_ok(ws), self._drop_slow)
         self._connections[connection.listener.client_id] = connection
         connection.writer = asyncio.create_task(self._write(connection))
         try:
@@ -203,19 +204,20 @@ class Server:
                                                       "epoch": self.engine.epoch}))
 
     async def _write(self, connection: _Connection) -> None:
-        outbox = connection.outbox
-        while True:
-            message = await outbox.next()
-            if message is None:
-                break
+        while (message := await connection.outbox.next()) is not None:
             try:
                 await connection.ws.send(encode(message))
             except ConnectionClosed:
                 return
-        if outbox.overflowed:
-            log.warning("client %s dropped: more than %d change rows waiting", connection.listener.client_id,
-                        outbox.max_rows)
-            await connection.ws.close(1008, f"too slow: more than {outbox.max_rows} change rows waiting")
+
+    def _drop_slow(self, connection: _Connection) -> None:
+        """Disconnect a client whose outbox overflowed (its writer may be stuck in a send)."""
+        rows = connection.outbox.max_rows
+        log.warning("client %s dropped: more than %d change rows waiting", connection.listener.client_id, rows)
+        connection.outbox.close()
+        if connection.writer is not None and not connection.writer.done():
+            connection.writer.cancel()
+        asyncio.ensure_future(connection.ws.close(1008, f"too slow: more than {rows} change rows waiting"))
 
     # ------------------------------------------------------------ from the command thread
     def _push_threadsafe(self, listener: Listener, kind: str, name: str, epoch: int, changes: list,
@@ -227,12 +229,6 @@ class Server:
         if connection is None:
             return
         connection.outbox.changes(kind, name, epoch, changes, always=first)
-        if connection.outbox.overflowed:
-            connection.outbox.close()
-            if connection.writer is not None and not connection.writer.done():
-                connection.writer.cancel()
-                asyncio.ensure_future(connection.ws.close(
-                    1008, f"too slow: more than {connection.outbox.max_rows} change rows waiting"))
 
     def _done_threadsafe(self, command: Command, result: Any, error: ProtocolError | None) -> None:
         if command.context is not None:

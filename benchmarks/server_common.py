@@ -1,10 +1,10 @@
 """Shared helpers for the server benchmarks: a server process, protocol clients, memory, machine facts.
 
-The server runs as a separate process started as a user starts it (``serve(port=0)``, a
-default ``factflow.Engine()``; or the ``factflow serve --port 0`` command when the CLI
-has it); the benchmark's clients are asyncio coroutines in the benchmark's own Python
-process (one event loop, so at most one core for all of them: client-side JSON parsing
-and scheduling are part of every measured latency).
+The server runs as a separate process started as a user starts it (``factflow serve
+--port 0``: a default ``factflow.Engine()``); the benchmark's clients are asyncio
+coroutines in the benchmark's own Python process (one event loop, so at most one core
+for all of them: client-side JSON parsing and scheduling are part of every measured
+latency). :func:`run_against_server` is the frame every benchmark runs in.
 """
 
 from __future__ import annotations
@@ -51,25 +51,15 @@ def seed_transaction(rng, persons: int, knows_each: int = 3, first: int = 1) -> 
 
 # ------------------------------------------------------------------ the server process
 
-def server_command() -> tuple[list[str], str]:
-    """How the server is started: ``factflow serve --port 0`` if the CLI has it, else ``serve(port=0)``."""
-    cli = os.path.join(ROOT, "factflow", "cli.py")
-    try:
-        with open(cli) as handle:
-            has_serve = re.search(r"""add_parser\(\s*["']serve["']""", handle.read()) is not None
-    except OSError:
-        has_serve = False
-    if has_serve:
-        return [sys.executable, "-m", "factflow", "serve", "--port", "0"], "factflow serve --port 0"
-    return ([sys.executable, "-c", "import sys; from factflow.server import serve; sys.exit(serve(port=0))"],
-            "serve(port=0) (factflow.server.serve, defaults)")
+#: How the server is started: as a user starts it, with every default.
+SERVER_COMMAND = [sys.executable, "-m", "factflow", "serve", "--port", "0"]
 
 
 class ServerProcess:
     """The server as a child process: started, its URL read from its announcement, stopped with SIGTERM."""
 
     def __init__(self, stderr_path: str | None = None, timeout: float = 300):
-        command, self.description = server_command()
+        command, self.description = SERVER_COMMAND, "factflow serve --port 0"
         env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
         self.stderr_path = stderr_path or os.path.join("/tmp", f"factflow-server-bench-{os.getpid()}.log")
         self._stderr = open(self.stderr_path, "w")
@@ -106,6 +96,23 @@ class ServerProcess:
                 return "".join(handle.readlines()[-lines:])
         except OSError:
             return ""
+
+
+async def run_against_server(measure, args) -> tuple[dict, dict, "ServerProcess"]:
+    """Start the server, run ``await measure(server, args)``, stop it; returns the figures
+    (with ``server_exit_code``), the machine facts (with ``load_average_end``) and the server."""
+    server = ServerProcess()
+    print(f"server: {server.description}, pid {server.pid}, ready in {server.startup_s:.1f} s at {server.url}",
+          flush=True)
+    facts = machine_facts(server)
+    try:
+        figures = await measure(server, args)
+    finally:
+        code = server.stop()
+        print(f"server stopped (SIGTERM): exit {code}")
+        facts["load_average_end"] = loadavg()
+    figures["server_exit_code"] = code
+    return figures, facts, server
 
 
 # ------------------------------------------------------------------ memory

@@ -34,7 +34,7 @@ import time
 from collections import defaultdict
 
 from common import median, percentile, report
-from server_common import (QUERIES, Client, ServerProcess, Tee, create_schema, loadavg, machine_facts, memory,
+from server_common import (QUERIES, Client, ServerProcess, Tee, create_schema, memory, run_against_server,
                            seed_transaction, write_output)
 
 SEED_PERSONS = 300
@@ -172,16 +172,8 @@ async def measure(server: ServerProcess, args) -> dict:
 
 
 async def main_async(args) -> tuple[dict, dict]:
-    server = ServerProcess()
-    print(f"server: {server.description}, pid {server.pid}, ready in {server.startup_s:.1f} s at {server.url}",
-          flush=True)
-    facts = machine_facts(server)
-    try:
-        return await measure(server, args), facts
-    finally:
-        code = server.stop()
-        print(f"server stopped (SIGTERM): exit {code}")
-        facts["load_average_end"] = loadavg()
+    figures, facts, _ = await run_against_server(measure, args)
+    return figures, facts
 
 
 def main() -> None:

@@ -37,7 +37,7 @@ from collections import Counter
 from websockets.exceptions import ConnectionClosed
 
 from common import median, report
-from server_common import (QUERIES, Client, ServerProcess, Tee, create_schema, loadavg, machine_facts, memory,
+from server_common import (QUERIES, Client, ServerProcess, Tee, create_schema, memory, run_against_server,
                            seed_transaction, write_output)
 
 SOAK_QUERIES = ["friends-names", "people-per-city", "in-paris", "friend-count"]
@@ -259,23 +259,13 @@ async def measure(server: ServerProcess, args) -> dict:
 
 
 async def main_async(args) -> tuple[dict, dict]:
-    server = ServerProcess()
-    print(f"server: {server.description}, pid {server.pid}, ready in {server.startup_s:.1f} s at {server.url}",
-          flush=True)
-    facts = machine_facts(server)
-    figures = {}
-    try:
-        figures = await measure(server, args)
-        return figures, facts
-    finally:
-        code = server.stop()
-        print(f"server stopped (SIGTERM): exit {code}")
-        figures["server_exit_code"] = code
-        if code != 0:
-            figures["errors"] = figures.get("errors", 0) + 1
-            figures.setdefault("error_messages", []).append(f"server exit code {code}")
-            print(server.stderr_tail())
-        facts["load_average_end"] = loadavg()
+    figures, facts, server = await run_against_server(measure, args)
+    code = figures["server_exit_code"]
+    if code != 0:
+        figures["errors"] = figures.get("errors", 0) + 1
+        figures.setdefault("error_messages", []).append(f"server exit code {code}")
+        print(server.stderr_tail())
+    return figures, facts
 
 
 def main() -> None:

@@ -41,7 +41,7 @@ import time
 from collections import Counter
 
 from common import median, percentile, report
-from server_common import (QUERIES, Client, ServerProcess, Tee, create_schema, loadavg, machine_facts, memory,
+from server_common import (QUERIES, Client, ServerProcess, Tee, create_schema, memory, run_against_server,
                            seed_transaction, write_output)
 
 INSTALLED = ["friends-names", "people-per-city", "two-hop"]
@@ -158,16 +158,7 @@ def show(level: dict, round_no: int | None = None) -> None:
 
 
 async def main_async(args) -> tuple[dict, dict]:
-    server = ServerProcess()
-    print(f"server: {server.description}, pid {server.pid}, ready in {server.startup_s:.1f} s at {server.url}",
-          flush=True)
-    facts = machine_facts(server)
-    try:
-        figures = await measure(server, args)
-    finally:
-        code = server.stop()
-        print(f"server stopped (SIGTERM): exit {code}")
-    figures["server_exit_code"] = code
+    figures, facts, _ = await run_against_server(measure, args)
     if args.baseline_epochs:
         baseline = engine_baseline(args.baseline_epochs, args.seed)
         print(f"engine alone (this process, no server, same queries): transact median "
@@ -178,7 +169,6 @@ async def main_async(args) -> tuple[dict, dict]:
         if one and one["latency_p50_s"]:
             figures["server_1_client_p50_over_engine_alone"] = round(
                 one["latency_p50_s"] / baseline["transact_median_s"], 2)
-    facts["load_average_end"] = loadavg()
     return figures, facts
 
 

@@ -46,14 +46,11 @@ from state_independence import as_facts, copies_of, stride_of
 
 from factflow import Engine
 from factflow.io.graphs import read_edges
+from factflow.storage.files import bytes_under
 from factflow.io.ldbc import load_ldbc
 
 WARM = 2
 SELECTIVE = "[:find ?b ?c :where [0 :edge ?a] [?a :edge ?b] [?b :edge ?c]]"
-
-
-def _bytes_under(path: str) -> int:
-    return sum(os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(path) for f in files)
 
 
 def latency(spark, epochs: int, directory: str) -> dict:
@@ -144,7 +141,7 @@ def facebook(spark, copies: int, directory: str, repeats: int) -> dict:
     times, db = repeated("load into a durable engine", durable_load)
     figures.update(durable_load_s=median(times), durable_load_samples_s=times,
                    durable_load_log_phase_s=round(db.epoch_log[-1].phases.get("log", 0.0), 3),
-                   log_bytes_after_load=_bytes_under(os.path.join(state_dir, "wal")))
+                   log_bytes_after_load=bytes_under(os.path.join(state_dir, "wal")))
     db.close()
 
     def same_facts(db) -> None:
@@ -172,7 +169,7 @@ def facebook(spark, copies: int, directory: str, repeats: int) -> dict:
                    restart_from_checkpoint_phases_s=db.recovery.phases, install_after_restart_s=install(db))
     db.close()
     figures["load_over_restart"] = round(figures["load_from_file_s"] / figures["restart_from_checkpoint_s"], 2)
-    figures["state_dir_bytes"] = _bytes_under(state_dir)
+    figures["state_dir_bytes"] = bytes_under(state_dir)
     print(f"  loading from the file takes {figures['load_over_restart']}x a restart from the checkpoint", flush=True)
     return figures
 

@@ -68,6 +68,7 @@ from twohop import TWO_HOP, recompute
 
 from factflow import Engine
 from factflow.io.graphs import read_edges
+from factflow.storage.files import bytes_under
 
 SELECTIVE = "[:find ?b ?c :where [{node} :edge ?a] [?a :edge ?b] [?b :edge ?c]]"
 QUICK_EDGES, QUICK_EPOCHS = 20_000, 5
@@ -226,17 +227,6 @@ def _rss_bytes(pid: int | str = "self") -> int:
     return 0
 
 
-def _dir_bytes(path: str) -> int:
-    total = 0
-    for root, _, files in os.walk(path):
-        for name in files:
-            try:
-                total += os.path.getsize(os.path.join(root, name))
-            except OSError:
-                pass
-    return total
-
-
 def memory_snapshot(spark, state_dir: str | None = None) -> dict:
     """Driver and executor memory now (bytes), after a Python and a JVM garbage collection."""
     gc.collect()
@@ -263,7 +253,7 @@ def memory_snapshot(spark, state_dir: str | None = None) -> dict:
         "executor_storage_memory_used": storage_used,
         "cached_rdd_blocks_memory": rdd_memory,
         "cached_rdd_blocks_disk": rdd_disk,
-        "state_dir_files": _dir_bytes(state_dir) if state_dir else 0,
+        "state_dir_files": bytes_under(state_dir) if state_dir else 0,
         # context, not divided per tuple
         "_driver_jvm_heap_max": runtime.maxMemory(),
         "_executor_storage_memory_max": storage_max,

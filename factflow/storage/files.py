@@ -140,3 +140,15 @@ class DirectoryLock:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None
+
+
+def bytes_under(path: str) -> int:
+    """The total size of the files under ``path`` (files that vanish meanwhile count 0)."""
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.path.getsize(os.path.join(root, name))
+            except OSError:
+                pass
+    return total

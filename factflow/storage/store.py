@@ -39,7 +39,7 @@ from factflow.errors import CorruptStateError, StateVersionError
 from factflow.model.types import Kind
 from factflow.storage.facts import from_ipc, to_ipc, write_frame
 from factflow.storage.files import (
-    DirectoryLock, fsync_dir, open_sealed_json, sealed_json, verify_file, write_atomic,
+    DirectoryLock, bytes_under, fsync_dir, open_sealed_json, sealed_json, verify_file, write_atomic,
 )
 from factflow.storage.wal import FORMAT_VERSION, LogRecord, WriteAheadLog
 
@@ -322,7 +322,7 @@ class StateStore:
     # ------------------------------------------------------------ sizes and closing
     def sizes(self) -> dict[str, int]:
         """Bytes on disk: ``log`` (segments and bulk files), ``checkpoints``."""
-        return {"log": _bytes_under(self.wal.directory), "checkpoints": _bytes_under(self.checkpoints_dir)}
+        return {"log": bytes_under(self.wal.directory), "checkpoints": bytes_under(self.checkpoints_dir)}
 
     def close(self) -> None:
         """Close the log and give up the lock."""
@@ -344,14 +344,3 @@ def _remove_temporary(directory: str) -> None:
     for name in os.listdir(directory):
         if name.endswith(".tmp"):
             os.remove(os.path.join(directory, name))
-
-
-def _bytes_under(path: str) -> int:
-    total = 0
-    for root, _, files in os.walk(path):
-        for name in files:
-            try:
-                total += os.path.getsize(os.path.join(root, name))
-            except OSError:
-                pass
-    return total

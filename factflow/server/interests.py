@@ -121,6 +121,15 @@ class Interests:
         for key in list(listener.attributes):
             self._drop_subscription(listener, key)
 
+    def release_all(self) -> None:
+        """Close every shared query and subscription (the server has stopped)."""
+        for shared in list(self._queries.values()):
+            for listener in list(shared.listeners.values()):
+                self.release(listener)
+        for listeners, _ in list(self._attributes.values()):
+            for listener in list(listeners.values()):
+                self.release(listener)
+
     def query(self, name: str) -> Query:
         """The installed query ``name``."""
         shared = self._queries.get(name)

@@ -125,6 +125,7 @@ class Server:
             await asyncio.gather(*(self._farewell(c) for c in list(self._connections.values())),
                                  return_exceptions=True)
             await server.wait_closed()
+        await asyncio.to_thread(self.interests.release_all)  # the worker and every connection are done
         if self.owns_engine:
             await asyncio.to_thread(self.engine.close)
 

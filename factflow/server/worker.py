@@ -87,11 +87,8 @@ class Worker:
             waiting = list(self._queue)
             self._queue.clear()
             self._wake.notify()
-        for command in waiting:
-            if command.op == "release":
-                self._execute(command)
-            else:
-                self._done(command, None, ProtocolError("unsupported", "the server is shutting down"))
+        for command in waiting:  # departing clients' releases included: the server releases everything at the end
+            self._done(command, None, ProtocolError("unsupported", "the server is shutting down"))
         self._thread.join(timeout)
 
     # ------------------------------------------------------------ the thread

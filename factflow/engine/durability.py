@@ -55,6 +55,7 @@ from pyspark.sql import types as T
 
 from factflow.arrangement.attribute import AttributeArrangement
 from factflow.arrangement.batch import DIFF, Batch
+from factflow.engine.definition import QueryDefinition
 from factflow.lang.rules import RuleStore
 from factflow.model.frames import spark_frame
 from factflow.model.schema import Attribute
@@ -75,8 +76,9 @@ log = logging.getLogger("factflow.engine")
 class RecoveryReport:
     """What opening a state directory found: the epoch recovered, the checkpoint it started
     from (None: the log from its start) and the log records and epochs replayed after it,
-    checkpoints refused for damage (each message names the file), torn log tails cut off,
-    and the seconds it took (``phases``: reading files, loading arrangements)."""
+    checkpoints refused for damage (each message names the file; also durable queries that
+    could not be installed again), torn log tails cut off, the seconds it took (``phases``:
+    reading files, loading arrangements) and the durable queries installed again."""
 
     epoch: int
     checkpoint: int | None
@@ -87,6 +89,7 @@ class RecoveryReport:
     torn: list[str]
     seconds: float
     phases: dict[str, float] = field(default_factory=dict)
+    queries: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -108,6 +111,7 @@ class _Snapshot:
     segment: int
     attributes: list[tuple[str, str, str]]
     rules: list[str]
+    queries: list[dict]
     offsets: dict[str, list[list[int]]]
     batches: dict[int, tuple[Kind, list[Batch]]]
     pause: float = 0.0
@@ -130,6 +134,7 @@ class Durability:
         self.last_checkpoint: CheckpointReport | None = None
         self.last_error: BaseException | None = None
         self.recovery: RecoveryReport | None = None
+        self.recovered_queries: list[QueryDefinition] = []
 
     # ------------------------------------------------------------ opening
     @classmethod
@@ -159,6 +164,7 @@ class Durability:
             store.close()
             raise
         durability.checkpointed = recovered.checkpoint or 0
+        durability.recovered_queries = [QueryDefinition.from_json(q) for q in recovered.queries.values()]
         durability.recovery = RecoveryReport(
             recovered.epoch, recovered.checkpoint, recovered.log_records, recovered.log_epochs, facts,
             recovered.refused, recovered.torn, time.perf_counter() - started,
@@ -204,6 +210,14 @@ class Durability:
     def log_rules(self, text: str) -> None:
         """Log rules that add something (before they are stored)."""
         self.store.log_rules(text)
+
+    def log_query(self, definition: QueryDefinition) -> None:
+        """Log a durable query's definition (after it installed, before ``query`` returns)."""
+        self.store.log_query(definition.to_json())
+
+    def log_query_dropped(self, name: str) -> None:
+        """Log that a durable query was closed by its user."""
+        self.store.log_query_dropped(name)
 
     def log_epoch(self, epoch: int, changed: dict[int, int], offsets: dict[str, int]) -> None:
         """Log ``epoch`` before it commits: the batch it appended to each changed attribute's
@@ -281,7 +295,8 @@ class Durability:
             batches[aid] = (arrangement.attribute.kind, held)
         snapshot = _Snapshot(state.epoch, segment,
                              [(str.__str__(a.name), a.value_type, a.semantics) for a in state.schema],
-                             list(self.rules.texts), state.offsets.to_json(), batches)
+                             list(self.rules.texts), [d.to_json() for d in state.durable_queries()],
+                             state.offsets.to_json(), batches)
         snapshot.pause = time.perf_counter() - started
         return snapshot
 
@@ -301,7 +316,7 @@ class Durability:
             facts = {aid: CheckpointFiles(kind, self._writer(kind, batches))
                      for aid, (kind, batches) in snapshot.batches.items()}
             manifest = self.store.write_checkpoint(snapshot.epoch, snapshot.segment, snapshot.attributes,
-                                                   snapshot.rules, snapshot.offsets, facts)
+                                                   snapshot.rules, snapshot.queries, snapshot.offsets, facts)
             entries = [f for entry in manifest["facts"] for f in entry["files"]]
             self.last_checkpoint = CheckpointReport(
                 snapshot.epoch, sum(e["rows"] for e in manifest["facts"]), len(entries),

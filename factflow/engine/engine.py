@@ -18,6 +18,7 @@ and recovers what the directory holds when it opens.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import os
@@ -31,6 +32,7 @@ from pyspark.sql import SparkSession
 from factflow.arrangement.attribute import AttributeArrangement
 from factflow.arrangement.trace import MergePolicy
 from factflow.engine.config import EngineConfig
+from factflow.engine.definition import QueryDefinition
 from factflow.engine.delivery import Deliveries
 from factflow.engine.durability import CheckpointReport, Durability, RecoveryReport
 from factflow.engine import transaction
@@ -106,6 +108,7 @@ class Engine:
                     release_session(self.spark)
                 raise
             self.recovery = self._durability.recovery
+            self._restore_queries()
 
     # ------------------------------------------------------------ schema and rules
     @property
@@ -313,25 +316,68 @@ class Engine:
 
     # ------------------------------------------------------------ queries
     def query(self, query: str, name: str | None = None, inputs: Sequence[Any] = (), join: str = "auto",
-              semantics: str = "set") -> Query:
+              semantics: str = "set", durable: bool = False) -> Query:
         """Register and install a query (interest): its dataflow reads the state as of now.
 
         ``inputs`` supply the ``:in`` bindings after ``$``; ``join`` picks the join strategy
         (auto, binary, delta, wco); ``semantics`` is ``set`` (Datomic) or ``multiset``
         (derivation counts).
+
+        ``durable=True`` (an engine with a ``state_dir`` only) keeps the query's definition
+        in the state directory: an engine reopening it installs the query again, under its
+        name, as of the recovered epoch (see :mod:`factflow.engine.definition`). Asking for
+        a durable query that is installed already with the same definition returns it, so
+        a program that installs its durable queries at start runs unchanged after a restart.
+        ``Query.close()`` drops a durable query for good; ``Engine.close()`` keeps it.
         """
         with self._lock:
             self._check_open()
-            dataflow = install(self._state, self.rules, f"factflow-{self._id}-install", query, name, inputs, join,
-                               semantics)
-            handle = Query(self, dataflow, self._state.epoch, self._lock)
-            self._state.queries[handle.name] = handle
-            log.info("installed query %s at epoch %d (%s join)", handle.name, self._state.epoch, dataflow.strategy)
+            definition = None
+            if durable:
+                if self._durability is None:
+                    raise StorageError("durable=True needs an engine with a state_dir: there is nowhere to keep "
+                                       "the query")
+                definition = QueryDefinition.of(name or "", query, inputs, join, semantics)
+                installed = self._state.queries.get(name) if name else None
+                if installed is not None and installed.definition == definition:
+                    return installed
+            handle = self._install(query, name, inputs, join, semantics, definition)
+            if definition is not None:
+                handle.definition = dataclasses.replace(definition, name=handle.name)
+                try:
+                    self._durability.log_query(handle.definition)
+                except BaseException:
+                    self._uninstall(handle)
+                    raise
             return handle
 
-    def _uninstall(self, query: Query) -> None:
+    def _install(self, query: str, name: str | None, inputs: Sequence[Any], join: str, semantics: str,
+                 definition: QueryDefinition | None) -> Query:
+        dataflow = install(self._state, self.rules, f"factflow-{self._id}-install", query, name, inputs, join,
+                           semantics)
+        handle = Query(self, dataflow, self._state.epoch, self._lock, definition)
+        self._state.queries[handle.name] = handle
+        log.info("installed query %s at epoch %d (%s join)", handle.name, self._state.epoch, dataflow.strategy)
+        return handle
+
+    def _restore_queries(self) -> None:
+        """Install the durable queries the state directory holds (a failure is logged and
+        listed in the recovery report; the definition stays for the next opening)."""
+        for definition in self._durability.recovered_queries:
+            try:
+                self._install(definition.text, definition.name, definition.inputs, definition.join,
+                              definition.semantics, definition)
+                self.recovery.queries.append(definition.name)
+            except FactflowError as exc:
+                log.error("durable query %s could not be installed again: %s", definition.name, exc)
+                self.recovery.refused.append(f"query {definition.name}: {exc}")
+
+    def _uninstall(self, query: Query, drop: bool = False) -> None:
+        """Tear a query down; ``drop`` (its user closed it) also forgets a durable query's definition."""
         with self._lock:
             if self._state.queries.get(query.name) is query:
+                if drop and query.definition is not None and not self._closed:
+                    self._durability.log_query_dropped(query.name)
                 del self._state.queries[query.name]
                 self._state.shared.release(query.name)
             query.dataflow.close()
@@ -374,7 +420,7 @@ class Engine:
                 return
             if driver_alive(self.spark):
                 for q in list(self._state.queries.values()):
-                    q.close()
+                    self._uninstall(q)  # durable queries stay in the state directory
                 if self._durability is not None:
                     self._durability.wait()
                 self._state.close()

@@ -13,6 +13,7 @@ from factflow.arrangement.batch import DIFF
 from factflow.dataflow import zset
 from factflow.dataflow.nodes import Distinct
 from factflow.dataflow.zset import ident
+from factflow.engine.definition import QueryDefinition
 from factflow.engine.rows import changes_from_frame, python_rows
 from factflow.errors import EngineClosedError
 from factflow.planner.synthesis import Dataflow
@@ -51,12 +52,15 @@ class Query:
     :mod:`factflow.engine.delivery`).
     """
 
-    def __init__(self, engine: "Engine", dataflow: Dataflow, installed_at: int, lock: threading.RLock):
+    def __init__(self, engine: "Engine", dataflow: Dataflow, installed_at: int, lock: threading.RLock,
+                 definition: QueryDefinition | None = None):
         self._engine = engine
         self._lock = lock
         self.dataflow = dataflow
         self.name = dataflow.name
         self.installed_at = installed_at
+        #: what a durable engine keeps to install the query again after a restart (None: not durable)
+        self.definition = definition
         self._subscribers: list[Subscriber] = []
         self.closed = False
 
@@ -173,10 +177,16 @@ class Query:
         with self._lock:
             return self.dataflow.explain()
 
+    @property
+    def durable(self) -> bool:
+        """Whether the query is installed again when its engine's state directory is reopened."""
+        return self.definition is not None
+
     def close(self) -> None:
-        """Uninterest: tear the dataflow down and release its trace handles."""
+        """Uninterest: tear the dataflow down and release its trace handles. A durable query
+        is dropped for good (it is not installed again after a restart)."""
         if not self.closed:
-            self._engine._uninstall(self)
+            self._engine._uninstall(self, drop=True)
 
     def _check(self) -> None:
         if self.closed:

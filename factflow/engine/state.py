@@ -26,6 +26,7 @@ from factflow.dataflow.context import EpochContext
 from factflow.dataflow.nodes import Node, Stateful
 from factflow.engine.apply import small_statements
 from factflow.engine.config import EngineConfig
+from factflow.engine.definition import QueryDefinition
 from factflow.engine.evaluation import Evaluation
 from factflow.engine.feeds import AttributeFeed
 from factflow.engine.offsets import SourceOffsets
@@ -79,6 +80,10 @@ class EngineState:
     def arrangement_of(self, attribute: Attribute) -> AttributeArrangement:
         """The shared arrangement of ``attribute``."""
         return self.arrangements[attribute.id]
+
+    def durable_queries(self) -> list[QueryDefinition]:
+        """The definitions of the installed durable queries, in install order."""
+        return [q.definition for q in self.queries.values() if q.definition is not None]
 
     def query_name(self, name: str | None) -> str:
         """``name`` checked for a new query, or the next free ``q<n>`` when it is None."""

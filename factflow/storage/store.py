@@ -69,7 +69,8 @@ class Recovered:
     """What :meth:`StateStore.recover` read: the catalog, offsets and facts as of ``epoch``.
 
     ``attributes``: ``(name, type, semantics)`` in id order; ``rules``: registered rule
-    texts in order; ``offsets``: per source the ``[offset, epoch]`` pairs retained;
+    texts in order; ``queries``: the definitions of durable queries by name, in install
+    order (JSON objects, see :class:`factflow.engine.definition.QueryDefinition`); ``offsets``: per source the ``[offset, epoch]`` pairs retained;
     ``facts``: per attribute id, the sources whose rows sum to its facts (the checkpoint's
     files first, then the changes of every later epoch). ``checkpoint``: the epoch of the checkpoint
     used (None: the log from its start). ``refused``: damage found in newer checkpoints;
@@ -79,6 +80,7 @@ class Recovered:
     epoch: int = 0
     attributes: list[tuple[str, str, str]] = field(default_factory=list)
     rules: list[str] = field(default_factory=list)
+    queries: dict[str, dict] = field(default_factory=dict)
     offsets: dict[str, list[list[int]]] = field(default_factory=dict)
     facts: dict[int, list[FactSource]] = field(default_factory=dict)
     checkpoint: int | None = None
@@ -166,6 +168,7 @@ class StateStore:
             out.epoch = out.checkpoint = manifest["epoch"]
             out.attributes = [tuple(a) for a in manifest["attributes"]]
             out.rules = list(manifest["rules"])
+            out.queries = {q["name"]: q for q in manifest.get("queries", [])}  # absent before durable queries
             out.offsets = {s: [list(p) for p in pairs] for s, pairs in manifest["offsets"].items()}
             for entry in manifest["facts"]:
                 if entry["rows"]:
@@ -205,6 +208,10 @@ class StateStore:
             out.attributes.append((meta["name"], meta["value_type"], meta["semantics"]))
         elif kind == "rules":
             out.rules.append(meta["text"])
+        elif kind == "query":
+            out.queries[meta["query"]["name"]] = meta["query"]
+        elif kind == "query-dropped":
+            out.queries.pop(meta["name"], None)
         elif kind == "epoch":
             epoch = meta["epoch"]
             if epoch != out.epoch + 1:
@@ -236,6 +243,14 @@ class StateStore:
         """Log registered rules (durable on return)."""
         self.wal.append(LogRecord({"type": "rules", "text": text}))
 
+    def log_query(self, definition: dict) -> None:
+        """Log a durable query's definition (durable on return)."""
+        self.wal.append(LogRecord({"type": "query", "query": definition}))
+
+    def log_query_dropped(self, name: str) -> None:
+        """Log that the durable query ``name`` was closed for good (durable on return)."""
+        self.wal.append(LogRecord({"type": "query-dropped", "name": name}))
+
     def log_epoch(self, epoch: int, offsets: dict[str, int], small: Sequence[tuple[int, pa.Table]],
                   large: Sequence[tuple[int, Kind, DataFrame, int]]) -> None:
         """Log a committed epoch (durable on return): its offsets, its small changes per
@@ -263,7 +278,7 @@ class StateStore:
         return self.wal.rotate()
 
     def write_checkpoint(self, epoch: int, log_segment: int, attributes: list[tuple[str, str, str]],
-                         rules: list[str], offsets: dict[str, list[list[int]]],
+                         rules: list[str], queries: list[dict], offsets: dict[str, list[list[int]]],
                          facts: dict[int, CheckpointFiles]) -> dict:
         """Write the checkpoint of ``epoch`` (files, checked by reading them back, then the
         manifest), then remove what it makes obsolete: checkpoints other than this one and
@@ -282,7 +297,7 @@ class StateStore:
                 verify_file(os.path.join(path, f["name"]), f["size"], f["crc32"])
         manifest = {"format": _FORMAT_NAME, "version": FORMAT_VERSION, "epoch": epoch, "log_segment": log_segment,
                     "written": time.time(), "attributes": [list(a) for a in attributes], "rules": list(rules),
-                    "offsets": offsets, "facts": entries}
+                    "queries": list(queries), "offsets": offsets, "facts": entries}
         write_atomic(os.path.join(path, "manifest.json"), sealed_json(manifest))
         fsync_dir(self.checkpoints_dir)
         open_sealed_json(os.path.join(path, "manifest.json"))

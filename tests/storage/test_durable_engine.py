@@ -13,16 +13,18 @@ import datetime
 import glob
 import os
 import zlib
+from collections import Counter
 
 import pandas as pd
 import pytest
 
 from factflow import (
-    CorruptStateError, Engine, EngineConfig, StateLockedError, StateVersionError, StorageError, TransactionError,
+    CorruptStateError, Engine, EngineConfig, QueryError, StateLockedError, StateVersionError, StorageError, TransactionError,
 )
 from factflow.storage import wal as wal_module
 from factflow.storage.store import StateStore
 from factflow.storage.files import open_sealed_json, sealed_json, write_atomic
+from oracle import normalized
 from durable import LIGHT, check_queries, define, oracle_after, valid_stream
 
 QUICK = EngineConfig(checkpoint_interval=0)  # checkpoints only when a test asks
@@ -357,3 +359,63 @@ def test_checksums_cover_the_log_records(tmp_path):
     data = record.encode()
     length, crc = wal_module._FRAME.unpack_from(data)
     assert length == len(data) - 8 and crc == zlib.crc32(data[8:])
+
+
+def test_durable_queries_are_installed_again_and_continue(spark, tmp_path):
+    """A durable query comes back under its name after a restart (from the log and from a
+    checkpoint), continues with the epochs after it, and is gone once its user closes it."""
+    stream = valid_stream(seed=7, count=12)
+    kept = [("[:find ?e ?n :in $ [?n ...] :where [?e :d/name ?n]]", (["a", "ab", "b"],), "set", "named"),
+            ("[:find ?a ?b :where (reach ?a ?b)]", (), "set", "reach")]
+    db = open_engine(spark, tmp_path)
+    for text, inputs, semantics, name in kept:
+        db.query(text, name=name, inputs=inputs, semantics=semantics, durable=True)
+    db.query(kept[0][0], name="passing", inputs=kept[0][1])  # not durable: gone after the restart
+    for tx in stream[:4]:
+        db.transact(tx)
+    db.checkpoint()
+    db.transact(stream[4])
+    db.close()
+
+    def check(db, upto: int, names: list[str]) -> None:
+        assert sorted(db.queries) == sorted(names)
+        oracle = oracle_after(stream[:upto])
+        for text, inputs, semantics, name in kept:
+            if name in names:
+                assert normalized(Counter(db.queries[name].rows())) == \
+                    normalized(oracle.query(text, inputs, semantics)), name
+
+    db = open_engine(spark, tmp_path)
+    try:
+        assert db.recovery.queries == ["named", "reach"] and db.queries["reach"].durable
+        check(db, 5, ["named", "reach"])
+        again = db.query(kept[1][0], name="reach", durable=True)  # the same definition: the installed query
+        assert again is db.queries["reach"]
+        with pytest.raises(QueryError, match="already installed"):
+            db.query("[:find ?a :where [?a :d/friend _]]", name="reach", durable=True)
+        for tx in stream[5:9]:
+            db.transact(tx)
+        check(db, 9, ["named", "reach"])
+        db.queries["named"].close()  # dropped for good
+    finally:
+        db.close()
+
+    db = open_engine(spark, tmp_path)
+    try:
+        check(db, 9, ["reach"])
+        for tx in stream[9:]:
+            db.transact(tx)
+        db.checkpoint()  # the manifest, not the log, now holds the definitions
+    finally:
+        db.close()
+    db = open_engine(spark, tmp_path)
+    try:
+        assert db.recovery.checkpoint == 12
+        check(db, 12, ["reach"])
+    finally:
+        db.close()
+
+
+def test_durable_queries_need_a_state_dir(engine):
+    with pytest.raises(StorageError, match="state_dir"):
+        engine.query("[:find ?a :where [?a :x/y _]]", durable=True)

@@ -1,0 +1,54 @@
+"""What it takes to install a query again: its definition, kept by durable engines.
+
+A query installed with ``durable=True`` on an engine with a ``state_dir`` has its
+definition (name, query text, inputs, join strategy, semantics) logged in the catalog
+(see :mod:`factflow.engine.durability`); an engine reopening the directory installs it
+again, so the query (and what reads it: subscribers, server clients) continues from the
+recovered epoch. Inputs are kept as EDN text, which round-trips every value an input can
+hold (numbers, strings, booleans, keywords, instants, collections).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from factflow import edn
+from factflow.errors import EdnSyntaxError, QueryError
+
+__all__ = ["QueryDefinition"]
+
+
+@dataclass(frozen=True)
+class QueryDefinition:
+    """A query as installed: everything :meth:`factflow.Engine.query` was given."""
+
+    name: str
+    text: str
+    inputs: tuple[Any, ...]
+    join: str
+    semantics: str
+
+    @classmethod
+    def of(cls, name: str, text: str, inputs: Sequence[Any], join: str, semantics: str) -> "QueryDefinition":
+        """The definition of a query being installed; raises :class:`QueryError` when an
+        input cannot be kept (a value EDN cannot write back)."""
+        written = edn.write(list(inputs))
+        try:
+            kept = tuple(edn.read(written))
+        except EdnSyntaxError:
+            kept = None
+        if kept is None or edn.write(list(kept)) != written:
+            raise QueryError(f"the inputs of durable query {name!r} cannot be kept: {written} does not round-trip "
+                             "through EDN")
+        return cls(name, text, kept, join, semantics)
+
+    def to_json(self) -> dict:
+        """The definition as a JSON object (for log records and checkpoint manifests)."""
+        return {"name": self.name, "text": self.text, "inputs": edn.write(list(self.inputs)), "join": self.join,
+                "semantics": self.semantics}
+
+    @classmethod
+    def from_json(cls, body: dict) -> "QueryDefinition":
+        """The definition :meth:`to_json` wrote."""
+        return cls(body["name"], body["text"], tuple(edn.read(body["inputs"])), body["join"], body["semantics"])

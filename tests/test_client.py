@@ -403,3 +403,26 @@ def test_cli_follow_prints_changes_until_ctrl_c(server, client, ns, monkeypatch)
     epoch = client.status()["epoch"]
     assert sorted(lines[3:]) == [f"epoch {epoch}  + Anna", f"epoch {epoch}  + Bo", f"epoch {epoch}  - Ann"]
     assert lines[3] == f"epoch {epoch}  - Ann"  # retractions first
+
+
+def test_durable_queries_and_drop(spark, tmp_path, ns):
+    """``query(..., durable=True)`` outlives the client; ``drop`` removes it and ends the handle."""
+    db = Engine(spark=spark, state_dir=str(tmp_path))
+    try:
+        with ServerThread(db) as running:
+            with Client(running.url, timeout=300) as first:
+                people(first, ns)
+                kept = first.query(f"[:find ?n :where [_ :{ns}/name ?n]]", name="names", durable=True)
+                assert kept.results() == {}
+            with Client(running.url, timeout=300) as second:
+                assert second.status()["queries"] == {"names": 0}
+                second.transact([add(1, f":{ns}/name", "Ann")])
+                view = second.query(f"[:find ?n :where [_ :{ns}/name ?n]]", name="names")
+                assert view.results() == {("Ann",): 1}
+                second.drop("names")
+                assert view.closed and second.status()["queries"] == {}
+                with pytest.raises(ServerError) as missing:
+                    second.drop("names")
+                assert missing.value.category == "not-found"
+    finally:
+        db.close()

@@ -390,3 +390,66 @@ def test_serve_command_starts_and_stops_cleanly(tmp_path):
     finally:
         if process.poll() is None:
             process.kill()
+
+
+def test_durable_interests_survive_clients_and_restarts(spark, tmp_path):
+    """A durable interest stays installed without clients, comes back when the server
+    restarts on its state directory (holding the result the epochs made), and goes when
+    dropped; without a state directory it is refused."""
+    query = "[:find ?a ?c :where [?a :k/to ?b] [?b :k/to ?c]]"
+    expected: Counter = Counter()
+
+    def serve():
+        db = Engine(spark=spark, state_dir=str(tmp_path))
+        return db, ServerThread(db)
+
+    db, running = serve()
+    with running:
+        a = Raw(running.url)
+        a.ok("create-attribute", name=":k/to", type="ref")
+        assert a.ok("interest", name="hops", query=query, durable=True)["durable"] is True
+        a.ok("interest", name="passing", query="[:find ?a :where [?a :k/to _]]")
+        a.ok("transact", tx=[[":db/add", 1, ":k/to", 2], [":db/add", 2, ":k/to", 3]])
+        a.close()
+        b = Raw(running.url)
+        queries = b.ok("status")["queries"]
+        while "passing" in queries:  # a's departure is handled by the command thread
+            queries = b.ok("status")["queries"]
+        assert queries == {"hops": 0}
+        b.ok("transact", tx=[[":db/add", 3, ":k/to", 4]])  # with nobody listening, still maintained
+        b.close()
+    db.close()
+    expected.update({(1, 3): 1, (2, 4): 1})
+
+    db, running = serve()
+    with running:
+        c = Raw(running.url)
+        assert c.ok("status")["queries"] == {"hops": 0}
+        assert c.ok("interest", name="hops", query=query)["epoch"] == 2
+        c.ok("transact", tx=[[":db/retract", 2, ":k/to", 3]])
+        expected.subtract({(1, 3): 1, (2, 4): 1})
+        assert accumulated(c.pushes, "hops") == +expected
+        refused = c.call("interest", name="hops", query="[:find ?a :where [?a :k/to _]]")
+        assert refused["error"]["category"] == "conflict"
+        d = Raw(running.url)
+        d.ok("interest", name="hops", query=query)
+        assert d.call("drop", name="hops")["error"]["category"] == "conflict"  # c is interested too
+        d.close()
+        while c.ok("status")["clients"] > 1:
+            pass
+        c.ok("drop", name="hops")
+        assert c.ok("status")["queries"] == {}
+        c.close()
+    db.close()
+
+    db, running = serve()
+    with running:
+        e = Raw(running.url)
+        assert e.ok("status")["queries"] == {}
+        e.close()
+    db.close()
+
+
+def test_durable_interests_need_a_state_dir(client):
+    reply = client.call("interest", name="kept", query="[:find ?a :where [?a :x/never _]]", durable=True)
+    assert not reply["ok"] and reply["error"]["category"] == "unsupported" and "state" in reply["error"]["message"]

@@ -95,7 +95,7 @@ class AsyncClient:
         return (await self.request("register", rules=rules))["rules"]
 
     async def query(self, query: str, name: str | None = None, inputs: Sequence[Any] = (), join: str = "auto",
-                    granularity: float | None = None) -> "AsyncRemoteQuery":
+                    granularity: float | None = None, durable: bool = False) -> "AsyncRemoteQuery":
         """Become interested in a query; returns its handle, holding the current result (see
         :meth:`factflow.client.Client.query`)."""
         name = name or default_query_name(query, inputs, join)
@@ -104,7 +104,7 @@ class AsyncClient:
         state = self._queries[name] = QueryState(name)
         try:
             result = await self.request("interest", name=name, query=query, inputs=list(inputs) or None, join=join,
-                                        granularity=granularity)
+                                        granularity=granularity, durable=durable or None)
         except BaseException:
             if self._queries.get(name) is state:
                 del self._queries[name]
@@ -142,6 +142,13 @@ class AsyncClient:
     async def explain(self, name: str) -> str:
         """The plan of the installed query ``name`` (any client's)."""
         return (await self.request("explain", name=name))["text"]
+
+    async def drop(self, name: str) -> None:
+        """Close the query ``name`` on the server for good (see :meth:`factflow.client.Client.drop`)."""
+        await self.request("drop", name=name)
+        state = self._queries.pop(name, None)
+        if state is not None:
+            state.finish(None)
 
     async def status(self) -> dict[str, Any]:
         """The server's ``epoch``, ``clients``, ``queries`` (name -> interested clients) and ``stats``."""

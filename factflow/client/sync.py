@@ -109,13 +109,15 @@ class Client:
         return self.request("register", rules=rules)["rules"]
 
     def query(self, query: str, name: str | None = None, inputs: Sequence[Any] = (), join: str = "auto",
-              granularity: float | None = None) -> RemoteQuery:
+              granularity: float | None = None, durable: bool = False) -> RemoteQuery:
         """Become interested in a query; returns its handle, holding the current result.
 
         Without ``name`` the query is named after its text, inputs and join, so that clients
         asking the same query share one dataflow. ``granularity`` (seconds) asks for at most
-        one diff per that many seconds. A name this client is already interested in is
-        refused (``conflict``), as the server refuses it.
+        one diff per that many seconds. ``durable`` (a server with a state directory) keeps
+        the query installed without clients and across server restarts, until
+        :meth:`drop`. A name this client is already interested in is refused
+        (``conflict``), as the server refuses it.
         """
         name = name or default_query_name(query, inputs, join)
         state = QueryState(name)
@@ -126,7 +128,7 @@ class Client:
             self._queries[name] = state  # before sending: the whole result is pushed before the reply
         try:
             result = self.request("interest", name=name, query=query, inputs=list(inputs) or None, join=join,
-                                  granularity=granularity)
+                                  granularity=granularity, durable=durable or None)
         except BaseException:
             with self._lock:
                 if self._queries.get(name) is state:
@@ -167,6 +169,15 @@ class Client:
     def explain(self, name: str) -> str:
         """The plan of the installed query ``name`` (any client's)."""
         return self.request("explain", name=name)["text"]
+
+    def drop(self, name: str) -> None:
+        """Close the query ``name`` on the server for good, durable or not (refused with
+        ``conflict`` while other clients are interested); this client's handle on it ends."""
+        self.request("drop", name=name)
+        with self._lock:
+            state = self._queries.pop(name, None)
+        if state is not None:
+            state.finish(None)
 
     def status(self) -> dict[str, Any]:
         """The server's ``epoch``, ``clients``, ``queries`` (name -> interested clients) and ``stats``."""

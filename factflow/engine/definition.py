@@ -43,6 +43,10 @@ class QueryDefinition:
                              "through EDN")
         return cls(name, text, kept, join, semantics)
 
+    def same(self, other: "QueryDefinition") -> bool:
+        """Whether both define the same query (inputs compared as EDN: a list equals a vector)."""
+        return self.to_json() == other.to_json()
+
     def to_json(self) -> dict:
         """The definition as a JSON object (for log records and checkpoint manifests)."""
         return {"name": self.name, "text": self.text, "inputs": edn.write(list(self.inputs)), "join": self.join,

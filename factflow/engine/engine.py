@@ -18,7 +18,6 @@ and recovers what the directory holds when it opens.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import logging
 import os
@@ -270,6 +269,11 @@ class Engine:
             outcomes[member] = epoch
 
     @property
+    def durable(self) -> bool:
+        """Whether the engine keeps its state in a ``state_dir``."""
+        return self._durability is not None
+
+    @property
     def _journal(self):
         return self._durability.log_epoch if self._durability else None
 
@@ -332,29 +336,30 @@ class Engine:
         """
         with self._lock:
             self._check_open()
-            definition = None
-            if durable:
-                if self._durability is None:
-                    raise StorageError("durable=True needs an engine with a state_dir: there is nowhere to keep "
-                                       "the query")
-                definition = QueryDefinition.of(name or "", query, inputs, join, semantics)
-                installed = self._state.queries.get(name) if name else None
-                if installed is not None and installed.definition == definition:
-                    return installed
-            handle = self._install(query, name, inputs, join, semantics, definition)
-            if definition is not None:
-                handle.definition = dataclasses.replace(definition, name=handle.name)
-                try:
-                    self._durability.log_query(handle.definition)
-                except BaseException:
+            if not durable:
+                return self._install(query, name, inputs, join, semantics)
+            if self._durability is None:
+                raise StorageError("durable=True needs an engine with a state_dir: there is nowhere to keep the query")
+            definition = QueryDefinition.of(name or "", query, inputs, join, semantics)
+            handle = self._state.queries.get(name) if name else None
+            fresh = handle is None or not handle.definition.same(definition)
+            if fresh:
+                handle = self._install(query, name, inputs, join, semantics)
+            elif handle.durable:
+                return handle
+            try:  # a new query, or the same query installed without durable=True: it becomes durable
+                self._durability.log_query(handle.definition)
+            except BaseException:
+                if fresh:
                     self._uninstall(handle)
-                    raise
+                raise
+            handle.durable = True
             return handle
 
-    def _install(self, query: str, name: str | None, inputs: Sequence[Any], join: str, semantics: str,
-                 definition: QueryDefinition | None) -> Query:
+    def _install(self, query: str, name: str | None, inputs: Sequence[Any], join: str, semantics: str) -> Query:
         dataflow = install(self._state, self.rules, f"factflow-{self._id}-install", query, name, inputs, join,
                            semantics)
+        definition = QueryDefinition(dataflow.name, query, tuple(inputs), join, semantics)
         handle = Query(self, dataflow, self._state.epoch, self._lock, definition)
         self._state.queries[handle.name] = handle
         log.info("installed query %s at epoch %d (%s join)", handle.name, self._state.epoch, dataflow.strategy)
@@ -366,7 +371,7 @@ class Engine:
         for definition in self._durability.recovered_queries:
             try:
                 self._install(definition.text, definition.name, definition.inputs, definition.join,
-                              definition.semantics, definition)
+                              definition.semantics).durable = True
                 self.recovery.queries.append(definition.name)
             except FactflowError as exc:
                 log.error("durable query %s could not be installed again: %s", definition.name, exc)
@@ -376,7 +381,7 @@ class Engine:
         """Tear a query down; ``drop`` (its user closed it) also forgets a durable query's definition."""
         with self._lock:
             if self._state.queries.get(query.name) is query:
-                if drop and query.definition is not None and not self._closed:
+                if drop and query.durable and not self._closed:
                     self._durability.log_query_dropped(query.name)
                 del self._state.queries[query.name]
                 self._state.shared.release(query.name)

@@ -53,14 +53,16 @@ class Query:
     """
 
     def __init__(self, engine: "Engine", dataflow: Dataflow, installed_at: int, lock: threading.RLock,
-                 definition: QueryDefinition | None = None):
+                 definition: QueryDefinition):
         self._engine = engine
         self._lock = lock
         self.dataflow = dataflow
         self.name = dataflow.name
         self.installed_at = installed_at
-        #: what a durable engine keeps to install the query again after a restart (None: not durable)
+        #: what the query was installed from (a durable engine keeps it to install it again)
         self.definition = definition
+        #: whether it is installed again when its engine's state directory is reopened
+        self.durable = False
         self._subscribers: list[Subscriber] = []
         self.closed = False
 
@@ -176,11 +178,6 @@ class Query:
         """A readable description of the plan: strategy, operators, the state they hold (read under the engine lock)."""
         with self._lock:
             return self.dataflow.explain()
-
-    @property
-    def durable(self) -> bool:
-        """Whether the query is installed again when its engine's state directory is reopened."""
-        return self.definition is not None
 
     def close(self) -> None:
         """Uninterest: tear the dataflow down and release its trace handles. A durable query

@@ -83,7 +83,7 @@ class EngineState:
 
     def durable_queries(self) -> list[QueryDefinition]:
         """The definitions of the installed durable queries, in install order."""
-        return [q.definition for q in self.queries.values() if q.definition is not None]
+        return [q.definition for q in self.queries.values() if q.durable]
 
     def query_name(self, name: str | None) -> str:
         """``name`` checked for a new query, or the next free ``q<n>`` when it is None."""

@@ -3,7 +3,10 @@
 An interest names a query. The first client interested under a name installs it in the
 engine; a later client naming the same query (the same EDN form, inputs and join, however
 the text is spaced) shares that one dataflow; a different query under a taken name is a
-conflict. The dataflow is torn down with its last interested client. Every epoch's
+conflict. The dataflow is torn down with its last interested client, unless it is durable
+(an interest with ``durable``, on a server with a state directory): a durable query stays
+installed without clients, is installed again when the server restarts on the same state
+directory, and goes only when a client drops it. Every epoch's
 changes of a query fan out from one engine subscriber to the outboxes of the clients
 interested in it, and an attribute's changes to the clients subscribed to it.
 
@@ -54,22 +57,37 @@ class Interests:
         self._push = push
         self._queries: dict[str, _Shared] = {}
         self._attributes: dict[str, tuple[dict[str, Listener], Callable[[], None]]] = {}
+        for query in engine.queries.values():  # the durable queries a state directory brought back
+            if query.durable:
+                d = query.definition
+                self._share(_identity(d.text, list(d.inputs), d.join), query)
 
-    def interest(self, listener: Listener, name: str | None, text: str, inputs: list, join: str) -> Query:
-        """Add ``listener`` to the query ``name`` (installing it if new); pushes its current
-        result as the first change and returns the query. Without a name, the query is named
-        after what identifies it, so that every client asking it shares it."""
+    def _share(self, identity: tuple, query: Query) -> _Shared:
+        shared = self._queries[query.name] = _Shared(identity, query)
+        query.subscribe(lambda epoch, changes, s=shared: self._fan_out(s, epoch, changes))
+        return shared
+
+    def interest(self, listener: Listener, name: str | None, text: str, inputs: list, join: str,
+                 durable: bool = False) -> Query:
+        """Add ``listener`` to the query ``name`` (installing it if new, making it durable if
+        asked); pushes its current result as the first change and returns the query. Without
+        a name, the query is named after what identifies it, so that every client asking it
+        shares it."""
+        if durable and not self.engine.durable:
+            raise ProtocolError("unsupported", "durable interests need a server with a state directory "
+                                "(factflow serve --state-dir DIR)")
         identity = _identity(text, inputs, join)
         name = name or "q-" + hashlib.sha1(repr(identity).encode()).hexdigest()[:12]
         shared = self._queries.get(name)
         if shared is None:
-            query = self.engine.query(text, name=name, inputs=inputs, join=join)
-            shared = self._queries[name] = _Shared(identity, query)
-            query.subscribe(lambda epoch, changes, s=shared: self._fan_out(s, epoch, changes))
+            shared = self._share(identity, self.engine.query(text, name=name, inputs=inputs, join=join,
+                                                             durable=durable))
         elif shared.identity != identity:
             raise ProtocolError("conflict", f"a different query is installed under the name {name!r}")
         elif listener.client_id in shared.listeners:
             raise ProtocolError("conflict", f"already interested in {name!r}")
+        elif durable and not shared.query.durable:
+            self.engine.query(text, name=name, inputs=inputs, join=join, durable=True)
         shared.listeners[listener.client_id] = listener
         listener.queries.add(name)
         current = list(shared.query.rows().items())
@@ -77,15 +95,30 @@ class Interests:
         return shared.query
 
     def uninterest(self, listener: Listener, name: str) -> None:
-        """Remove ``listener`` from the query ``name``; the last one out closes the query."""
+        """Remove ``listener`` from the query ``name``; the last one out closes the query,
+        unless it is durable."""
         shared = self._queries.get(name)
         if shared is None or listener.client_id not in shared.listeners:
             raise ProtocolError("not-found", f"not interested in a query named {name!r}")
         del shared.listeners[listener.client_id]
         listener.queries.discard(name)
-        if not shared.listeners:
+        if not shared.listeners and not shared.query.durable:
             del self._queries[name]
             shared.query.close()
+
+    def drop(self, listener: Listener, name: str) -> None:
+        """Close the query ``name`` for good (durable or not); refused while another client
+        is interested in it."""
+        shared = self._queries.get(name)
+        if shared is None:
+            raise ProtocolError("not-found", f"no query named {name!r} is installed")
+        others = [c for c in shared.listeners if c != listener.client_id]
+        if others:
+            raise ProtocolError("conflict", f"{len(others)} other client(s) are interested in {name!r}")
+        shared.listeners.clear()
+        listener.queries.discard(name)
+        del self._queries[name]
+        shared.query.close()
 
     def subscribe(self, listener: Listener, attribute: str) -> None:
         """Send ``listener`` every later change of ``attribute``."""

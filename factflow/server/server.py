@@ -240,7 +240,7 @@ class Server:
         if error is None:
             if request.op == "interest":  # before any later epoch's diff is pushed
                 connection.outbox.set_granularity(result["name"], request.fields.get("granularity"))
-            elif request.op == "uninterest":
+            elif request.op in ("uninterest", "drop"):
                 connection.outbox.forget(request.fields["name"])
             connection.outbox.reply(reply_ok(request.id, result))
         else:

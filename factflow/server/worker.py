@@ -184,13 +184,18 @@ class Worker:
         return {"rules": self.engine.register(rules)}
 
     def _op_interest(self, listener: Listener, query: str, name: str | None = None, inputs: list | None = None,
-                     join: str = "auto", granularity: float | None = None) -> dict:
+                     join: str = "auto", granularity: float | None = None, durable: bool = False) -> dict:
         # the granularity is the connection's business (its outbox holds diffs back)
-        installed = self.interests.interest(listener, name, query, list(inputs or []), join)
-        return {"epoch": self.engine.epoch, "columns": installed.columns, "name": installed.name}
+        installed = self.interests.interest(listener, name, query, list(inputs or []), join, durable)
+        return {"epoch": self.engine.epoch, "columns": installed.columns, "name": installed.name,
+                "durable": installed.durable}
 
     def _op_uninterest(self, listener: Listener, name: str) -> dict:
         self.interests.uninterest(listener, name)
+        return {}
+
+    def _op_drop(self, listener: Listener, name: str) -> dict:
+        self.interests.drop(listener, name)
         return {}
 
     def _op_subscribe(self, listener: Listener, attribute: str) -> dict:

@@ -393,16 +393,20 @@ def test_durable_queries_are_installed_again_and_continue(spark, tmp_path):
         assert again is db.queries["reach"]
         with pytest.raises(QueryError, match="already installed"):
             db.query("[:find ?a :where [?a :d/friend _]]", name="reach", durable=True)
+        passing = db.query(kept[0][0], name="passing", inputs=kept[0][1])
+        assert not passing.durable
+        assert db.query(kept[0][0], name="passing", inputs=(("a", "ab", "b"),), durable=True) is passing
+        assert passing.durable  # the same query asked durable: it is kept from now on
         for tx in stream[5:9]:
             db.transact(tx)
-        check(db, 9, ["named", "reach"])
+        check(db, 9, ["named", "reach", "passing"])
         db.queries["named"].close()  # dropped for good
     finally:
         db.close()
 
     db = open_engine(spark, tmp_path)
     try:
-        check(db, 9, ["reach"])
+        check(db, 9, ["reach", "passing"])
         for tx in stream[9:]:
             db.transact(tx)
         db.checkpoint()  # the manifest, not the log, now holds the definitions
@@ -411,7 +415,7 @@ def test_durable_queries_are_installed_again_and_continue(spark, tmp_path):
     db = open_engine(spark, tmp_path)
     try:
         assert db.recovery.checkpoint == 12
-        check(db, 12, ["reach"])
+        check(db, 12, ["reach", "passing"])
     finally:
         db.close()
 

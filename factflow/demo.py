@@ -167,7 +167,8 @@ def run_server_demo(data: str | None = None, master: str | None = None, out=sys.
                     other.explain("neighbours")  # its reply comes after the epoch's diff: the other has printed too
                 views["bob"].close()
                 say(f"bob leaves: {alice.status()['queries'].get('neighbours', 0)} client left on 'neighbours'")
-            say(f"alice leaves: the dataflow is gone ({'neighbours' in db.queries and 'still there' or 'torn down'})")
+                views["alice"].close()  # answered once the server has torn the dataflow down
+                say(f"alice leaves: the dataflow is gone ({'neighbours' in db.queries and 'still there' or 'torn down'})")
     finally:
         db.close()
 

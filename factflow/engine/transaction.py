@@ -13,6 +13,12 @@ changes the transaction really makes given the attribute's current state and sem
 
 Errors found by Spark (conflicts inside the transaction, bad values in bulk input) come
 back as rows with an ``err`` message; the engine rejects the whole transaction if any.
+
+A Spark DataFrame's values are converted by Spark (``try_cast`` to each attribute's type)
+when it is large, and when its ``v`` column is text whatever its size (what file and
+socket sources carry: ``"42"`` for a long, ``"2021-03-04T05:06:07"`` for an instant);
+a small one with typed values is checked on the driver like a pandas frame. A DataFrame
+of another session (a Structured Streaming micro-batch's) is handed over to the engine's.
 """
 
 from __future__ import annotations

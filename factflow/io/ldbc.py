@@ -15,7 +15,7 @@ from importlib import resources
 
 from factflow.errors import FactflowError
 
-__all__ = ["PERSON_ATTRIBUTES", "find_ldbc", "load_ldbc"]
+__all__ = ["PERSON_ATTRIBUTES", "CSV_OPTIONS", "find_ldbc", "ldbc_file", "load_ldbc"]
 
 #: attribute -> (column in person_0_0.csv, value type)
 PERSON_ATTRIBUTES = {
@@ -43,7 +43,8 @@ def find_ldbc(path: str | None = None) -> str:
     return str(resources.files("factflow") / "data" / "ldbc-snb-tiny")
 
 
-def _file(root: str, name: str) -> str:
+def ldbc_file(root: str, name: str) -> str:
+    """The path of the LDBC file ``name`` under ``root`` (or its dynamic/ or static/ folder)."""
     for sub in ("", "dynamic", "static"):
         path = os.path.join(root, sub, name)
         if os.path.exists(path):
@@ -51,7 +52,8 @@ def _file(root: str, name: str) -> str:
     raise FactflowError(f"LDBC file {name} not found under {root}")
 
 
-_CSV = {"sep": "|", "header": "true"}
+#: Spark CSV reader options of the LDBC files
+CSV_OPTIONS = {"sep": "|", "header": "true"}
 
 
 def load_ldbc(db, path: str | None = None, places: bool = True) -> dict[str, int]:
@@ -61,19 +63,19 @@ def load_ldbc(db, path: str | None = None, places: bool = True) -> dict[str, int
     for attribute, (_, kind) in PERSON_ATTRIBUTES.items():
         db.create_attribute(attribute, type=kind, semantics="one")
     db.create_attribute(":person/knows", type="ref")
-    persons = {attribute: column for attribute, (column, _) in PERSON_ATTRIBUTES.items()}
+
+    def load(name: str, entity: str, attributes: dict[str, str]) -> int:
+        return db.load(ldbc_file(root, name), entity=entity, attributes=attributes, options=CSV_OPTIONS).epoch
+
     epochs = {
-        "persons": db.load(_file(root, "person_0_0.csv"), entity="id", attributes=persons, options=_CSV).epoch,
+        "persons": load("person_0_0.csv", "id", {a: column for a, (column, _) in PERSON_ATTRIBUTES.items()}),
         # Spark names the header's two Person.id columns Person.id0 and Person.id1
-        "knows": db.load(_file(root, "person_knows_person_0_0.csv"), entity="Person.id0",
-                         attributes={":person/knows": "Person.id1"}, options=_CSV).epoch,
+        "knows": load("person_knows_person_0_0.csv", "Person.id0", {":person/knows": "Person.id1"}),
     }
     if places:
         db.create_attribute(":person/place", type="ref", semantics="one")
         db.create_attribute(":place/name", type="string", semantics="one")
         db.create_attribute(":place/type", type="string", semantics="one")
-        epochs["person places"] = db.load(_file(root, "person_isLocatedIn_place_0_0.csv"), entity="Person.id",
-                                          attributes={":person/place": "Place.id"}, options=_CSV).epoch
-        epochs["places"] = db.load(_file(root, "place_0_0.csv"), entity="id",
-                                   attributes={":place/name": "name", ":place/type": "type"}, options=_CSV).epoch
+        epochs["person places"] = load("person_isLocatedIn_place_0_0.csv", "Person.id", {":person/place": "Place.id"})
+        epochs["places"] = load("place_0_0.csv", "id", {":place/name": "name", ":place/type": "type"})
     return epochs

@@ -117,21 +117,27 @@ def run_ingest(spark, sizes, runs, work) -> dict:
             times = {"factflow": [], "spark": []}
             count = runs if size <= 10_000 else 1
             for i in range(count + (2 if size <= 10_000 else 0)):  # two warm-up batches for the small sizes
-                staged = {k: stage(spark, dirs["staging"], size, first, n_places, seed=i) for k in ("f", "s")}
-                first += size
+                staged = {k: stage(spark, dirs["staging"], size, first + j * size, n_places, seed=i)
+                          for j, k in enumerate(("f", "s"))}
+                first += 2 * size
                 # alternate which goes first; the same facts (entity ids aside) for both
                 order = [("factflow", staged["f"], dirs["factflow"], ours), ("spark", staged["s"], dirs["spark"], theirs)]
                 for name, path, watched, arrivals in (order if i % 2 == 0 else order[::-1]):
                     seconds = deliver(path, watched, arrivals, size)
                     if size > 10_000 or i >= 2:
                         times[name].append(seconds)
+            last = db.epoch_log[-1]
+            phases = {k: round(v, 2) for k, v in last.phases.items()}
             f, s = median(times["factflow"]), median(times["spark"])
             figures[f"ingest {size} facts"] = {
                 "factflow latency s (median)": round(f, 3), "spark latency s (median)": round(s, 3),
                 "factflow facts/s": round(size / f), "spark facts/s": round(size / s),
-                "ratio factflow/spark": round(f / s, 2), "batches": len(times["factflow"])}
+                "ratio factflow/spark": round(f / s, 2), "batches": len(times["factflow"]),
+                "last epoch s": round(last.seconds, 2), "last epoch phases s": phases,
+                "last epoch jobs": len(last.jobs)}
             print(f"  {size:>9} facts: factflow {f:.3f} s ({size / f:,.0f} facts/s), "
-                  f"spark {s:.3f} s ({size / s:,.0f} facts/s), ratio {f / s:.2f}", flush=True)
+                  f"spark {s:.3f} s ({size / s:,.0f} facts/s), ratio {f / s:.2f}; last epoch "
+                  f"{last.seconds:.2f} s {phases}, {len(last.jobs)} jobs", flush=True)
     finally:
         stream.stop()
         plain.stop()
@@ -165,12 +171,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=5, help="measured batches per small size, and loads")
     parser.add_argument("--sizes", default="100,10000,1000000", help="facts per micro-batch")
+    parser.add_argument("--no-load", action="store_true", help="skip the load part")
     args = parser.parse_args()
     spark = engine_session()
     print(f"session: {describe_session(spark)}; load average {os.getloadavg()}")
     work = tempfile.mkdtemp(prefix="factflow-bench-ingest-")
     try:
-        figures = run_load(spark, args.runs)
+        figures = {} if args.no_load else run_load(spark, args.runs)
         figures.update(run_ingest(spark, [int(s) for s in args.sizes.split(",")], args.runs, work))
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -92,6 +92,7 @@ def _batch_applier(db: "Engine", source: str, checkpoint: str, on_error: str) ->
 
     def apply(batch: DataFrame, batch_id: int) -> None:
         label(batch_id)
+        batch = batch.persist()  # an epoch reads its transaction several times: the source once
         try:
             epoch = db.transact(batch, source=source, offset=batch_id)
         except TransactionError as exc:
@@ -103,6 +104,8 @@ def _batch_applier(db: "Engine", source: str, checkpoint: str, on_error: str) ->
             if on_error == "stop":
                 raise
             epoch = db.transact([], source=source, offset=batch_id)  # records the offset: never retried
+        finally:
+            batch.unpersist()
         log.info("ingest %s: batch %d is epoch %d", source, batch_id, epoch)
 
     return apply

@@ -10,8 +10,8 @@ from factflow.engine.query import Query
 from factflow.engine.session import create_session
 from factflow.errors import (
     ConnectionClosedError, CorruptStateError, EdnSyntaxError, EngineClosedError, ExecutionError, FactflowError,
-    QueryError, RequestTimeoutError, RuleError, SchemaError, ServerError, StateLockedError, StateVersionError,
-    StorageError, TransactionError, UnknownAttributeError,
+    IngestError, LoadError, QueryError, RequestTimeoutError, RuleError, SchemaError, ServerError, StateLockedError,
+    StateVersionError, StorageError, TransactionError, UnknownAttributeError,
 )
 
 __version__ = "0.1.0"
@@ -19,7 +19,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Engine", "EngineConfig", "EpochReport", "SparkJob", "Query", "create_session",
     "FactflowError", "EdnSyntaxError", "SchemaError", "UnknownAttributeError", "TransactionError",
-    "QueryError", "RuleError", "EngineClosedError", "ExecutionError", "ServerError", "ConnectionClosedError",
-    "RequestTimeoutError", "StorageError", "StateLockedError", "StateVersionError", "CorruptStateError",
+    "LoadError", "IngestError", "QueryError", "RuleError", "EngineClosedError", "ExecutionError", "ServerError",
+    "ConnectionClosedError", "RequestTimeoutError", "StorageError", "StateLockedError", "StateVersionError", "CorruptStateError",
     "__version__",
 ]

@@ -16,6 +16,12 @@ talking to a server take its ``ws://HOST:PORT/`` address and ``--token-file``::
                                    "epoch N  - row", until Ctrl-C
     factflow status URL [--json]   the server's epoch, clients and queries
     factflow explain URL NAME      the plan of an installed query
+
+``factflow load PATH --state-dir DIR [--format F] [--entity COLUMN] --attr ATTR=COLUMN[:TYPE[:SEM]] ...
+[--option KEY=VALUE ...]`` reads a file with Spark and applies it as one epoch to the
+durable state in DIR (see :meth:`factflow.Engine.load`); an ``--attr`` with a type creates
+its attribute if it does not exist. A server holding DIR must be stopped first (one engine
+per directory).
 """
 
 from __future__ import annotations
@@ -96,6 +102,19 @@ def build_parser() -> argparse.ArgumentParser:
     sub = commands.add_parser("status", parents=[remote], help="print a server's epoch, clients and queries")
     sub.add_argument("--json", action="store_true", help="print the whole status (with stats) as JSON")
     sub.set_defaults(handler=status)
+
+    sub = commands.add_parser("load", parents=[common], help="load a file (any Spark source) into a state directory")
+    sub.add_argument("path", nargs="+", help="file(s) or directory to read")
+    sub.add_argument("--state-dir", metavar="DIR", required=True, help="the durable engine's state directory")
+    sub.add_argument("--format", default="csv", help="Spark source format: csv (default), json, parquet, orc, ...")
+    sub.add_argument("--entity", default="id", metavar="COLUMN", help="the column of entity ids (default id)")
+    sub.add_argument("--attr", type=_attribute_spec, action="append", required=True, metavar="ATTR=COLUMN[:TYPE[:SEM]]",
+                     help="load COLUMN as attribute ATTR; with TYPE (and semantics, default set) create ATTR "
+                          "if it does not exist (repeatable)")
+    sub.add_argument("--option", type=_key_value, action="append", default=[], metavar="KEY=VALUE",
+                     help="a reader option, e.g. header=true, sep='|' (repeatable)")
+    sub.add_argument("--master", help="Spark master (default: local[*])")
+    sub.set_defaults(handler=load)
 
     sub = commands.add_parser("explain", parents=[remote], help="print the plan of a query installed on a server")
     sub.add_argument("name", help="the query's name")
@@ -184,7 +203,42 @@ def explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def load(args: argparse.Namespace) -> int:
+    """``factflow load PATH --state-dir DIR --attr ATTR=COLUMN[:TYPE[:SEM]] ...``: one epoch of
+    facts from a file, into a durable engine (see :meth:`factflow.Engine.load`); prints what it applied."""
+    from factflow import Engine
+
+    with Engine(master=args.master, state_dir=args.state_dir) as db:
+        for attribute, _, value_type, semantics in args.attr:
+            if value_type is not None:
+                db.create_attribute(attribute, type=value_type, semantics=semantics)
+        path = args.path[0] if len(args.path) == 1 else args.path
+        report = db.load(path, format=args.format, entity=args.entity,
+                         attributes={attribute: column for attribute, column, _, _ in args.attr},
+                         options=dict(args.option))
+    facts = ", ".join(f"{name} {n}" for name, n in report.facts.items())
+    print(f"epoch {report.epoch}: {report.rows} rows, facts {facts} ({report.seconds:.1f}s)")
+    return 0
+
+
 # ------------------------------------------------------------ helpers
+def _attribute_spec(text: str) -> tuple[str, str, str | None, str]:
+    """The value of ``--attr``: ``(attribute, column, type or None, semantics)``."""
+    attribute, sep, rest = text.partition("=")
+    parts = rest.split(":")
+    if not sep or not attribute or not parts[0] or len(parts) > 3:
+        raise argparse.ArgumentTypeError(f"expected ATTR=COLUMN[:TYPE[:SEMANTICS]], got {text!r}")
+    return attribute, parts[0], parts[1] if len(parts) > 1 else None, parts[2] if len(parts) > 2 else "set"
+
+
+def _key_value(text: str) -> tuple[str, str]:
+    """The value of ``--option``: ``(key, value)``."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key, value
+
+
 def _connect(args: argparse.Namespace):
     """A client of the server ``args.url``, with the token of ``args.token_file`` if given."""
     from factflow.client import Client

@@ -9,6 +9,10 @@ the user can find it. The type says what was rejected::
     ├── SchemaError             create_attribute rejected a definition
     │   └── UnknownAttributeError   a lookup by name found no attribute
     ├── TransactionError        Engine.transact rejected the transaction
+    │   └── LoadError           Engine.load rejected a source (a column that does not convert,
+    │                           a bad entity column, a missing column or attribute)
+    ├── IngestError             Engine.ingest rejected a stream (not streaming, missing columns,
+    │                           an event-time column t, a bad option)
     ├── QueryError              Engine.query rejected the query
     │   └── RuleError           Engine.register rejected the rules, or a query calls a rule
     │                           that is unknown or cannot be resolved
@@ -55,6 +59,19 @@ class UnknownAttributeError(SchemaError):
 
 class TransactionError(FactflowError):
     """A transaction was rejected, for whatever reason; nothing of it was applied."""
+
+
+class LoadError(TransactionError):
+    """``Engine.load`` rejected a source: a column whose values do not convert to their
+    attribute's type (the message names the attribute, the column, an example value and how
+    many rows), entity ids that are missing or not integers, a column or attribute that
+    does not exist; nothing of it was applied."""
+
+
+class IngestError(FactflowError):
+    """``Engine.ingest`` refused to start a stream: the DataFrame is not streaming, lacks
+    column ``e``, ``a`` or ``v``, has an event-time column ``t`` (not supported yet), or an
+    option is invalid; nothing was started."""
 
 
 class QueryError(FactflowError):

@@ -26,7 +26,8 @@ import tempfile
 import threading
 from typing import Any, Callable, Sequence
 
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming import StreamingQuery
 
 from factflow.arrangement.attribute import AttributeArrangement
 from factflow.arrangement.trace import MergePolicy
@@ -46,6 +47,8 @@ from factflow.engine.session import REQUIRED_SQL_CONF, acquire_session, driver_a
 from factflow.engine.state import EngineState
 from factflow.errors import EngineClosedError, ExecutionError, FactflowError, StorageError, TransactionError
 from factflow.lang.rules import RuleStore
+from factflow.io.ingest import ingest
+from factflow.io.load import LoadReport, load
 from factflow.model.schema import Attribute, Schema
 
 __all__ = ["Engine", "EngineConfig", "EpochReport", "SparkJob", "RecoveryReport", "CheckpointReport"]
@@ -267,6 +270,26 @@ class Engine:
             return
         for member in members:
             outcomes[member] = epoch
+
+    def load(self, path: str | Sequence[str], format: str = "csv", entity: str = "id",
+             attributes: dict[str, str] | None = None, options: dict[str, str] | None = None) -> LoadReport:
+        """Read ``path`` with Spark (``spark.read.format(format).options(**options)``) and apply,
+        as one epoch, a fact per non-NULL cell of each column mapped by ``attributes``
+        (``{attribute: column}``) for the entity in column ``entity``, converted to the
+        attribute's type; a value that does not convert rejects it all (:class:`LoadError`).
+        See :mod:`factflow.io.load`."""
+        self._check_open()
+        return load(self, path, format, entity, attributes, options)
+
+    def ingest(self, stream: DataFrame, source: str, checkpoint: str, on_error: str = "skip",
+               trigger: dict[str, Any] | None = None) -> StreamingQuery:
+        """Start and return the ``StreamingQuery`` applying each micro-batch of the streaming
+        DataFrame ``stream`` (columns ``e``, ``a``, ``v``, optional ``added``) as one epoch,
+        exactly once (offsets of ``source``; Spark's checkpoint in ``checkpoint``). A rejected
+        batch is written to ``checkpoint/rejected/batch-<id>/`` with its error, then skipped
+        (``on_error="skip"``) or stops the stream (``"stop"``). See :mod:`factflow.io.ingest`."""
+        self._check_open()
+        return ingest(self, stream, source, checkpoint, on_error, trigger)
 
     @property
     def durable(self) -> bool:

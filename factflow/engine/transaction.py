@@ -13,6 +13,12 @@ changes the transaction really makes given the attribute's current state and sem
 
 Errors found by Spark (conflicts inside the transaction, bad values in bulk input) come
 back as rows with an ``err`` message; the engine rejects the whole transaction if any.
+
+A Spark DataFrame's values are converted by Spark (``try_cast`` to each attribute's type)
+when it is large, and when its ``v`` column is text whatever its size (what file and
+socket sources carry: ``"42"`` for a long, ``"2021-03-04T05:06:07"`` for an instant);
+a small one with typed values is checked on the driver like a pandas frame. A DataFrame
+of another session (a Structured Streaming micro-batch's) is handed over to the engine's.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from pyspark.sql import types as T
 from factflow import edn
 from factflow.arrangement.batch import DIFF
 from factflow.errors import EdnSyntaxError, TransactionError, UnknownAttributeError
-from factflow.model.frames import spark_frame
+from factflow.model.frames import in_session, spark_frame
 from factflow.model.schema import Attribute, Schema
 from factflow.dataflow.statement import Statement
 from factflow.model.types import Kind, coerce_value, python_type_name, spark_type, sql_type
@@ -66,8 +72,11 @@ def prepare(tx: Any, schema: Schema, spark: SparkSession, local_limit: int) -> P
     if isinstance(tx, WideOps):
         return _from_wide(tx, spark, local_limit)
     if isinstance(tx, DataFrame):
+        tx = in_session(tx, spark)
         if tx.limit(local_limit + 1).count() <= local_limit:  # a small epoch: take the driver path
             spark.sparkContext.setJobDescription("fetch a small transaction DataFrame")
+            if "v" in tx.columns and isinstance(tx.schema["v"].dataType, T.StringType):
+                return _from_wide(_fetch_text(tx, schema, spark), spark, local_limit)
             return _from_pandas(tx.toArrow().to_pandas(), schema, spark, local_limit)
         return _from_spark(tx, schema, spark)
     if isinstance(tx, pd.DataFrame):
@@ -248,12 +257,13 @@ def _from_spark(tx: DataFrame, schema: Schema, spark: SparkSession) -> PreparedT
             attributes.append(schema.get(name))
         except UnknownAttributeError as exc:
             raise TransactionError(f"transaction DataFrame: {exc}") from exc
-    added = F.col("added") if "added" in tx.columns else F.lit(True)
+    added = F.col("added").try_cast("boolean") if "added" in tx.columns else F.lit(True)
     name_col = F.col("a").cast("string")
     a_id = reduce(lambda acc, at: acc.when(name_col == str(at.name), F.lit(at.id)),
                   attributes[1:], F.when(name_col == str(attributes[0].name), F.lit(attributes[0].id))) \
         if attributes else F.lit(-1)
-    exprs = [a_id.cast("int").alias("a"), F.col("e").cast("long").alias("e"),
+    entity = F.col("e").try_cast("long")  # text ids (file sources) that are not integers: NULL, reported
+    exprs = [a_id.cast("int").alias("a"), entity.alias("e"),
              F.when(added.isNull(), F.lit(None)).when(added, F.lit(1)).otherwise(F.lit(-1)).cast("int").alias("op")]
     v = F.col("v")
     source_type = tx.schema["v"].dataType
@@ -273,9 +283,34 @@ def _from_spark(tx: DataFrame, schema: Schema, spark: SparkSession) -> PreparedT
             names = ", ".join(str(at.name) for at in attributes if at.kind is kind)
             raise TransactionError(f"transaction DataFrame: column v of type {source_type.simpleString()} "
                                    f"cannot hold {kind.value} values (for {names})") from None
-    checked = tx.select(*exprs, v.isNull().alias("_v_null"), F.col("e").isNull().alias("_e_null"),
+    checked = tx.select(*exprs, v.isNull().alias("_v_null"), entity.isNull().alias("_e_null"),
                         added.isNull().alias("_added_null"), v.cast("string").alias("_v_text"))
     return PreparedTransaction(checked, attributes, None, False)
+
+
+def _fetch_text(tx: DataFrame, schema: Schema, spark: SparkSession) -> WideOps:
+    """A small DataFrame whose values are text (what file and socket sources carry), each
+    converted by Spark to its attribute's type as in the bulk path, and fetched to the driver.
+    A value that does not convert, a missing one and a missing or invalid entity id reject it."""
+    checked = _from_spark(tx, schema, spark)
+    frame = checked.frame.toArrow().to_pandas(integer_object_nulls=True)
+    slots = list(SLOT.values())
+    bad = frame["_e_null"] | frame["_added_null"] | frame["_v_null"] | frame[slots].isna().all(axis=1)
+    if bad.any():
+        messages = []
+        for row in frame[bad].head(_MAX_ERRORS).to_dict("records"):  # the few rows the message names
+            attribute = schema.by_id(row["a"])
+            if row["_e_null"]:
+                messages.append(f"{attribute.name}: missing or invalid entity id")
+            elif row["_added_null"]:
+                messages.append(f"{attribute.name}: entity {row['e']}: missing or invalid value in column added")
+            elif row["_v_null"]:
+                messages.append(f"{attribute.name}: entity {row['e']}: missing value")
+            else:
+                messages.append(f"transaction DataFrame: {row['_v_text']!r} is not a valid {attribute.value_type} "
+                                f"value for {attribute.name} (entity {row['e']})")
+        raise TransactionError(format_errors(messages, int(bad.sum())))
+    return WideOps(frame[["a", "e", "op", *slots]], checked.attributes)
 
 
 def _show(op: Any) -> str:
@@ -294,8 +329,8 @@ def _text(expr: str) -> str:
 def _input_errors(tx_view: str) -> str:
     """Error rows ``(a, e, err)`` for bulk (Spark) input: missing cells and values of the wrong type."""
     value_missing = "coalesce(" + ", ".join(f"CAST(`{SLOT[k]}` AS STRING)" for k in Kind) + ") IS NULL"
-    message = ("CASE WHEN `_e_null` THEN 'missing entity id' "
-               "WHEN `_added_null` THEN 'missing value in column added' "
+    message = ("CASE WHEN `_e_null` THEN 'missing or invalid entity id' "
+               "WHEN `_added_null` THEN 'missing or invalid value in column added' "
                "WHEN `_v_null` THEN concat('entity ', CAST(`e` AS STRING), ': missing value') "
                f"WHEN {value_missing} THEN concat('entity ', CAST(`e` AS STRING), ': value ', `_v_text`, "
                "' has the wrong type for the attribute') END")

@@ -16,7 +16,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
-__all__ = ["spark_frame"]
+__all__ = ["spark_frame", "in_session"]
 
 
 def spark_frame(spark: SparkSession, frame: pd.DataFrame, schema: T.StructType) -> DataFrame:
@@ -32,3 +32,13 @@ def spark_frame(spark: SparkSession, frame: pd.DataFrame, schema: T.StructType) 
     else:
         table = pa.Table.from_pandas(frame, schema=arrow_schema, preserve_index=False, safe=False)
     return spark.createDataFrame(table, schema=schema)
+
+
+def in_session(frame: DataFrame, spark: SparkSession) -> DataFrame:
+    """``frame`` as a DataFrame of ``spark``: itself when it already is one; otherwise (a
+    Structured Streaming micro-batch lives in a clone of the stream's session, whose temp
+    views the engine's SQL cannot see) the same rows, handed over inside the JVM."""
+    if frame.sparkSession._jsparkSession.equals(spark._jsparkSession):
+        return frame
+    jdf = spark._jsparkSession.createDataFrame(frame._jdf.rdd(), frame._jdf.schema())
+    return DataFrame(jdf, spark)

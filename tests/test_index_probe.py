@@ -12,7 +12,7 @@ import datetime as dt
 import pyarrow as pa
 import pytest
 
-from factflow.arrangement.index import KEY_HASH, PROBE_HASH, TRACE_DIFF, Probe, arrow_schema
+from factflow.arrangement.index import KEY_HASH, PROBE_HASH, Probe, arrow_schema
 from factflow.model.types import Kind
 
 TRACE = [("e", Kind.LONG), ("v", Kind.STRING)]

@@ -11,7 +11,6 @@ import random
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections import Counter
 

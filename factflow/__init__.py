@@ -8,8 +8,10 @@ receive every query's result as consistent changes after each epoch.
 from factflow.engine.engine import Engine, EngineConfig, EpochReport, SparkJob
 from factflow.engine.query import Query
 from factflow.engine.session import create_session
+from factflow.io.sinks import Sink
 from factflow.errors import (
     ConnectionClosedError, CorruptStateError, EdnSyntaxError, EngineClosedError, ExecutionError, FactflowError,
+    HistoryCompactedError, SinkError,
     QueryError, RequestTimeoutError, RuleError, SchemaError, ServerError, StateLockedError, StateVersionError,
     StorageError, TransactionError, UnknownAttributeError,
 )
@@ -20,6 +22,6 @@ __all__ = [
     "Engine", "EngineConfig", "EpochReport", "SparkJob", "Query", "create_session",
     "FactflowError", "EdnSyntaxError", "SchemaError", "UnknownAttributeError", "TransactionError",
     "QueryError", "RuleError", "EngineClosedError", "ExecutionError", "ServerError", "ConnectionClosedError",
-    "RequestTimeoutError", "StorageError", "StateLockedError", "StateVersionError", "CorruptStateError",
+    "RequestTimeoutError", "HistoryCompactedError", "SinkError", "Sink", "StorageError", "StateLockedError", "StateVersionError", "CorruptStateError",
     "__version__",
 ]

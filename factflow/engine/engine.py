@@ -29,6 +29,7 @@ from typing import Any, Callable, Sequence
 from pyspark.sql import SparkSession
 
 from factflow.arrangement.attribute import AttributeArrangement
+from factflow.arrangement.batch import DIFF
 from factflow.arrangement.trace import MergePolicy
 from factflow.engine.config import EngineConfig
 from factflow.engine.delivery import Deliveries
@@ -36,6 +37,7 @@ from factflow.engine.durability import CheckpointReport, Durability, RecoveryRep
 from factflow.engine import transaction
 from factflow.engine.epoch import run_epoch, run_maintenance
 from factflow.engine.feeds import AttributeSubscriber
+from factflow.engine.granularity import Window
 from factflow.engine.group import plan_runs
 from factflow.engine.install import install
 from factflow.engine.offsets import check_offset
@@ -43,7 +45,8 @@ from factflow.engine.query import Query
 from factflow.engine.reports import EpochReport, SparkJob, engine_stats
 from factflow.engine.session import REQUIRED_SQL_CONF, acquire_session, driver_alive, release_session
 from factflow.engine.state import EngineState
-from factflow.errors import EngineClosedError, ExecutionError, FactflowError, StorageError, TransactionError
+from factflow.errors import EngineClosedError, ExecutionError, FactflowError, QueryError, StorageError, TransactionError
+from factflow.io.sinks import CHANGE, Sink, SinkWriter
 from factflow.lang.rules import RuleStore
 from factflow.model.schema import Attribute, Schema
 
@@ -313,21 +316,58 @@ class Engine:
 
     # ------------------------------------------------------------ queries
     def query(self, query: str, name: str | None = None, inputs: Sequence[Any] = (), join: str = "auto",
-              semantics: str = "set") -> Query:
+              semantics: str = "set", sink: Sink | Sequence[Sink] = (), granularity: float | None = None) -> Query:
         """Register and install a query (interest): its dataflow reads the state as of now.
 
         ``inputs`` supply the ``:in`` bindings after ``$``; ``join`` picks the join strategy
         (auto, binary, delta, wco); ``semantics`` is ``set`` (Datomic) or ``multiset``
-        (derivation counts).
+        (derivation counts). ``sink`` (one :class:`~factflow.io.sinks.Sink` or several)
+        writes the result's changes to directories (see :meth:`Query.write_to`);
+        ``granularity`` (seconds) delivers them to subscribers and sinks at most once per
+        window (see :mod:`factflow.engine.granularity`).
         """
+        sinks = [sink] if isinstance(sink, Sink) else list(sink)
+        if any(not isinstance(s, Sink) for s in sinks):
+            raise QueryError(f"sink must be a factflow Sink or a list of them, not {sink!r}")
+        if granularity is not None and (isinstance(granularity, bool) or not isinstance(granularity, (int, float))
+                                        or not granularity > 0):
+            raise QueryError(f"granularity must be a positive number of seconds, not {granularity!r}")
         with self._lock:
             self._check_open()
             dataflow = install(self._state, self.rules, f"factflow-{self._id}-install", query, name, inputs, join,
                                semantics)
             handle = Query(self, dataflow, self._state.epoch, self._lock)
+            if granularity:
+                handle.window = Window(granularity, [col for _, col in dataflow.find],
+                                       lambda: self._deliveries.release(handle))
             self._state.queries[handle.name] = handle
+            try:
+                for each in sinks:
+                    self._attach_sink(handle, each)
+            except BaseException:
+                for writer in handle.sinks:
+                    writer.close()
+                self._uninstall(handle)
+                raise
             log.info("installed query %s at epoch %d (%s join)", handle.name, self._state.epoch, dataflow.strategy)
             return handle
+
+    def _attach_sink(self, query: Query, sink: Sink) -> SinkWriter:
+        """Open ``sink`` for ``query`` and write its current result (see :mod:`factflow.io.sinks`)."""
+        with self._lock:
+            query._check()
+            columns = [(name, kind) for _, name, kind in query.output_columns()]
+            writer = SinkWriter(self.spark, query.name, sink, columns)
+            result = query.frame().withColumnRenamed(DIFF, CHANGE)
+            writer.start(self._state.epoch, result)
+            query._sinks.append(writer)
+            return writer
+
+    def _release_outputs(self, query: Query) -> None:
+        """Deliver ``query``'s held window and stop its sinks (outside the engine lock)."""
+        self._deliveries.release(query)
+        for sink in query.sinks:
+            sink.close()
 
     def _uninstall(self, query: Query) -> None:
         with self._lock:
@@ -364,17 +404,21 @@ class Engine:
             raise EngineClosedError("the engine is closed")
 
     def close(self) -> None:
-        """Close every query, wait for a checkpoint being written, release all state, close a
+        """Close every query (delivering held granularity windows and writing what sinks
+        have queued first, outside the engine lock), wait for a checkpoint being written, release all state, close a
         durable engine's log and lock (its directory stays), remove the temporary state directory, and give
         up the engine's hold on its session (stopping it when the engine was the last to hold
         a session factflow started). An engine whose Spark driver is gone releases nothing in
         Spark: its state went with the driver."""
+        if not self._closed and driver_alive(self.spark):
+            for q in list(self.queries.values()):
+                self._release_outputs(q)
         with self._lock:
             if self._closed:
                 return
             if driver_alive(self.spark):
                 for q in list(self._state.queries.values()):
-                    q.close()
+                    self._uninstall(q)
                 if self._durability is not None:
                     self._durability.wait()
                 self._state.close()

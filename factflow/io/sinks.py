@@ -280,7 +280,10 @@ class SinkWriter:
             writer.save(tmp)
             for epoch in epochs:
                 written = os.path.join(tmp, f"{EPOCH}={epoch}")
-                os.makedirs(written, exist_ok=True)  # an epoch without rows (an empty snapshot) is a directory too
+                if not os.path.isdir(written):
+                    if self.sink.mode == "diffs":
+                        continue  # no changes (a reinstall with nothing missed, an empty result)
+                    os.makedirs(written)  # an empty snapshot is an epoch too
                 os.rename(written, os.path.join(path, f"{EPOCH}={epoch}"))
                 self.last = epoch
             fsync_dir(path)

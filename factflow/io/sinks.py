@@ -165,10 +165,10 @@ class SinkWriter:
                 raise SinkError(f"{path} holds epoch directories but no {_META}: not a factflow sink")
             write_atomic(os.path.join(path, _META), json.dumps(wanted, indent=1).encode())
         elif meta != wanted:
-            differ = [k for k in wanted if meta.get(k) != wanted[k]]
-            raise SinkError(f"query {self.query}: {path} was written by another sink (its {', '.join(differ)} "
-                            f"differ: {', '.join(f'{k}={meta.get(k)!r}' for k in differ if k != 'schema')}"
-                            f"{' columns ' + str([f['name'] for f in meta['schema']['fields']]) if 'schema' in differ else ''})")
+            differ = ", ".join(k if k != "schema" else "columns" for k in wanted if meta.get(k) != wanted[k])
+            theirs = [f.name for f in T.StructType.fromJson(meta["schema"]).fields] if "schema" in meta else None
+            raise SinkError(f"query {self.query}: {path} was written by another sink ({differ} differ: it has "
+                            f"format {meta.get('format')!r}, mode {meta.get('mode')!r}, columns {theirs})")
         return last_epoch(path)
 
     def start(self, epoch: int, result: DataFrame) -> None:

@@ -167,7 +167,7 @@ def test_bad_sinks_are_refused_naming_the_problem(spark, tmp_path):
         db.create_attribute(":d/name", type="string", semantics="one")
         with pytest.raises(QueryError, match="granularity"):
             db.query("[:find ?n :where [_ :d/name ?n]]", granularity=-1)
-        with pytest.raises(QueryError, match="sink"):
+        with pytest.raises(SinkError, match="a sink must be a factflow.Sink"):
             db.query("[:find ?n :where [_ :d/name ?n]]", sink=str(tmp_path))
         with pytest.raises(SinkError, match="'epoch'"):
             db.query("[:find ?epoch :where [?epoch :d/name _]]", sink=Sink(str(tmp_path / "clash")))

@@ -37,7 +37,7 @@ from factflow.engine.durability import CheckpointReport, Durability, RecoveryRep
 from factflow.engine import transaction
 from factflow.engine.epoch import run_epoch, run_maintenance
 from factflow.engine.feeds import AttributeSubscriber
-from factflow.engine.granularity import Window
+from factflow.engine.granularity import Window, window_seconds
 from factflow.engine.group import plan_runs
 from factflow.engine.install import install
 from factflow.engine.offsets import check_offset
@@ -45,8 +45,8 @@ from factflow.engine.query import Query
 from factflow.engine.reports import EpochReport, SparkJob, engine_stats
 from factflow.engine.session import REQUIRED_SQL_CONF, acquire_session, driver_alive, release_session
 from factflow.engine.state import EngineState
-from factflow.errors import EngineClosedError, ExecutionError, FactflowError, QueryError, StorageError, TransactionError
-from factflow.io.sinks import CHANGE, Sink, SinkWriter
+from factflow.errors import EngineClosedError, ExecutionError, FactflowError, StorageError, TransactionError
+from factflow.io.sinks import CHANGE, Sink, SinkWriter, sinks_of
 from factflow.lang.rules import RuleStore
 from factflow.model.schema import Attribute, Schema
 
@@ -326,19 +326,14 @@ class Engine:
         ``granularity`` (seconds) delivers them to subscribers and sinks at most once per
         window (see :mod:`factflow.engine.granularity`).
         """
-        sinks = [sink] if isinstance(sink, Sink) else list(sink)
-        if any(not isinstance(s, Sink) for s in sinks):
-            raise QueryError(f"sink must be a factflow Sink or a list of them, not {sink!r}")
-        if granularity is not None and (isinstance(granularity, bool) or not isinstance(granularity, (int, float))
-                                        or not granularity > 0):
-            raise QueryError(f"granularity must be a positive number of seconds, not {granularity!r}")
+        sinks, seconds = sinks_of(sink), window_seconds(granularity)
         with self._lock:
             self._check_open()
             dataflow = install(self._state, self.rules, f"factflow-{self._id}-install", query, name, inputs, join,
                                semantics)
             handle = Query(self, dataflow, self._state.epoch, self._lock)
-            if granularity:
-                handle.window = Window(granularity, [col for _, col in dataflow.find],
+            if seconds:
+                handle.window = Window(seconds, [col for _, col in dataflow.find],
                                        lambda: self._deliveries.release(handle))
             self._state.queries[handle.name] = handle
             try:
@@ -404,9 +399,10 @@ class Engine:
             raise EngineClosedError("the engine is closed")
 
     def close(self) -> None:
-        """Close every query (delivering held granularity windows and writing what sinks
-        have queued first, outside the engine lock), wait for a checkpoint being written, release all state, close a
-        durable engine's log and lock (its directory stays), remove the temporary state directory, and give
+        """Close every query (first, outside the engine lock, delivering held granularity
+        windows and writing what sinks have queued), wait for a checkpoint being written,
+        release all state, close a durable engine's log and lock (its directory stays),
+        remove the temporary state directory, and give
         up the engine's hold on its session (stopping it when the engine was the last to hold
         a session factflow started). An engine whose Spark driver is gone releases nothing in
         Spark: its state went with the driver."""

@@ -22,8 +22,18 @@ import pandas as pd
 
 from factflow.arrangement.batch import DIFF
 from factflow.engine.rows import consolidated
+from factflow.errors import QueryError
 
-__all__ = ["Throttle", "Window"]
+__all__ = ["Throttle", "Window", "window_seconds"]
+
+
+def window_seconds(granularity: float | None) -> float | None:
+    """A query's ``granularity`` checked: None (every epoch) or a positive number of seconds."""
+    if granularity is None:
+        return None
+    if isinstance(granularity, bool) or not isinstance(granularity, (int, float)) or not granularity > 0:
+        raise QueryError(f"granularity must be a positive number of seconds, not {granularity!r}")
+    return float(granularity)
 
 
 class Throttle:

@@ -45,7 +45,8 @@ def oldest_available(query: "Query") -> int:
 def changes_sql(query: "Query", since: int, latest: int, columns: list[tuple[str, str, Kind]]) -> str:
     """SQL of ``query``'s consolidated changes of the epochs in ``(since, latest]``: the
     ``columns`` (``(internal, output name, kind)``, see :meth:`Query.output_columns`), then
-    ``diff`` and ``epoch`` (the columns of a sink directory, in its order) (call under the engine lock, with ``since`` available)."""
+    ``diff`` and ``epoch``, as in a sink directory. Call under the engine lock, with
+    ``since`` at or after :func:`oldest_available`."""
     result = query.dataflow.result
     names = [ident(n) for n in result.names]
     row = ", ".join(names)

@@ -63,7 +63,7 @@ from factflow.model.frames import spark_frame
 from factflow.model.types import Kind, spark_type
 from factflow.storage.files import fsync_dir, write_atomic
 
-__all__ = ["Sink", "SinkWriter", "EPOCH", "CHANGE", "FORMATS", "MODES", "sink_schema", "last_epoch", "read_sink"]
+__all__ = ["Sink", "SinkWriter", "sinks_of", "EPOCH", "CHANGE", "FORMATS", "MODES", "sink_schema", "last_epoch", "read_sink"]
 
 log = logging.getLogger("factflow.sinks")
 
@@ -95,6 +95,15 @@ class Sink:
             raise SinkError(f"unknown sink format {self.format!r} (one of {', '.join(FORMATS)})")
         if self.mode not in MODES:
             raise SinkError(f"unknown sink mode {self.mode!r} (one of {', '.join(MODES)})")
+
+
+def sinks_of(sink: "Sink | Sequence[Sink]") -> list[Sink]:
+    """The sinks given to ``Engine.query``: one :class:`Sink` or a sequence of them."""
+    sinks = [sink] if isinstance(sink, Sink) else list(sink) if isinstance(sink, (list, tuple)) else [sink]
+    for each in sinks:
+        if not isinstance(each, Sink):
+            raise SinkError(f"a sink must be a factflow.Sink, not {each!r}")
+    return sinks
 
 
 def sink_schema(path: str) -> T.StructType:

@@ -242,7 +242,7 @@ class SinkWriter:
                 self._cond.wait_for(lambda: self._stopping or (self._pending and not self._failed()))
                 if not self._pending or (self._stopping and self._failed()):
                     return
-                batch = list(self._pending)
+                batch, offers = list(self._pending), self._offers
                 self._writing = True
             try:
                 self._write_batch(batch)
@@ -250,7 +250,7 @@ class SinkWriter:
             except Exception:  # noqa: BLE001 - a failing write is logged and retried with the next epoch
                 log.exception("sink %s of query %s: writing epochs %d-%d failed (retried with the next epoch)",
                               self.sink.path, self.query, batch[0][0], batch[-1][0])
-                failed = self._offers
+                failed = offers
             with self._cond:
                 done = self.last if self.last is not None else -1
                 self._pending = [(e, f) for e, f in self._pending if e > done]

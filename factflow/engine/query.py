@@ -45,6 +45,10 @@ class Query:
     returns an arbitrary one; factflow keeps it deterministic).
     ``subscribe(fn)`` calls ``fn(epoch, [(row, diff), ...])`` after every epoch in which
     the result changed; summing the diffs from the install epoch on gives ``results()``.
+    ``changes_frame(since)`` gives those changes as a Spark DataFrame, ``write_to(path)``
+    writes them to a directory after every epoch (:mod:`factflow.io.sinks`), and a query
+    installed with a granularity delivers them at most once per window
+    (:mod:`factflow.engine.granularity`).
 
     Threads: ``results()``, ``rows()``, ``frame()`` and ``explain()`` may be called from
     any thread, also while another one runs an epoch. Each reads under the engine lock, so

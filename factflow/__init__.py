@@ -8,10 +8,11 @@ receive every query's result as consistent changes after each epoch.
 from factflow.engine.engine import Engine, EngineConfig, EpochReport, SparkJob
 from factflow.engine.query import Query
 from factflow.engine.session import create_session
+from factflow.io.sinks import Sink
 from factflow.errors import (
     ConnectionClosedError, CorruptStateError, EdnSyntaxError, EngineClosedError, ExecutionError, FactflowError,
-    IngestError, LoadError, QueryError, RequestTimeoutError, RuleError, SchemaError, ServerError, StateLockedError,
-    StateVersionError, StorageError, TransactionError, UnknownAttributeError,
+    HistoryCompactedError, IngestError, LoadError, QueryError, RequestTimeoutError, RuleError, SchemaError,
+    ServerError, SinkError, StateLockedError, StateVersionError, StorageError, TransactionError, UnknownAttributeError,
 )
 
 __version__ = "0.1.0"
@@ -20,6 +21,7 @@ __all__ = [
     "Engine", "EngineConfig", "EpochReport", "SparkJob", "Query", "create_session",
     "FactflowError", "EdnSyntaxError", "SchemaError", "UnknownAttributeError", "TransactionError",
     "LoadError", "IngestError", "QueryError", "RuleError", "EngineClosedError", "ExecutionError", "ServerError",
-    "ConnectionClosedError", "RequestTimeoutError", "StorageError", "StateLockedError", "StateVersionError", "CorruptStateError",
+    "ConnectionClosedError", "RequestTimeoutError", "HistoryCompactedError", "SinkError", "Sink", "StorageError",
+    "StateLockedError", "StateVersionError", "CorruptStateError",
     "__version__",
 ]

@@ -22,6 +22,8 @@ the user can find it. The type says what was rejected::
     ├── ServerError             a factflow server refused a client's request (.category says why)
     ├── ConnectionClosedError   a client's connection to a server failed to open or closed
     ├── RequestTimeoutError     a client waited longer than its timeout for a reply
+    ├── HistoryCompactedError   a query's changes were asked for from an epoch compacted away
+    ├── SinkError               a sink was rejected (bad options, a directory it cannot continue)
     └── StorageError            the state directory could not be written or read
         ├── StateLockedError        another engine holds the state directory
         ├── StateVersionError       the state directory was written by a newer format version
@@ -115,6 +117,22 @@ class ConnectionClosedError(FactflowError):
 class RequestTimeoutError(FactflowError):
     """No reply came within the client's timeout; the server may still carry the request out."""
 
+
+class HistoryCompactedError(FactflowError):
+    """``Query.changes_frame(since=...)`` asked for changes after an epoch whose history the
+    query no longer keeps (compacted, or before its install); the message names the epoch
+    asked for and the oldest one still available (``.oldest``)."""
+
+    def __init__(self, message: str, since: int, oldest: int):
+        super().__init__(message)
+        self.since = since
+        self.oldest = oldest
+
+
+class SinkError(FactflowError):
+    """A sink (see :mod:`factflow.io.sinks`) was rejected: an unknown format or mode, a
+    directory written by a sink of another format, mode or columns, or one holding epochs
+    after the engine's latest (another engine's output); nothing was written."""
 
 
 class StorageError(FactflowError):

@@ -1,7 +1,7 @@
 """What it takes to install a query again: its definition, kept by durable engines.
 
 A query installed with ``durable=True`` on an engine with a ``state_dir`` has its
-definition (name, query text, inputs, join strategy, semantics) logged in the catalog
+definition (name, query text, inputs, join strategy, semantics, sinks, granularity) logged in the catalog
 (see :mod:`factflow.engine.durability`); an engine reopening the directory installs it
 again, so the query (and what reads it: subscribers, server clients) continues from the
 recovered epoch. Inputs are kept as EDN text, which round-trips every value an input can
@@ -15,6 +15,7 @@ from typing import Any, Sequence
 
 from factflow import edn
 from factflow.errors import EdnSyntaxError, QueryError
+from factflow.io.sinks import Sink
 
 __all__ = ["QueryDefinition"]
 
@@ -28,9 +29,12 @@ class QueryDefinition:
     inputs: tuple[Any, ...]
     join: str
     semantics: str
+    sinks: tuple[Sink, ...] = ()
+    granularity: float | None = None
 
     @classmethod
-    def of(cls, name: str, text: str, inputs: Sequence[Any], join: str, semantics: str) -> "QueryDefinition":
+    def of(cls, name: str, text: str, inputs: Sequence[Any], join: str, semantics: str,
+           sinks: Sequence[Sink] = (), granularity: float | None = None) -> "QueryDefinition":
         """The definition of a query being installed; raises :class:`QueryError` when an
         input cannot be kept (a value EDN cannot write back)."""
         written = edn.write(list(inputs))
@@ -41,7 +45,7 @@ class QueryDefinition:
         if kept is None or edn.write(list(kept)) != written:
             raise QueryError(f"the inputs of durable query {name!r} cannot be kept: {written} does not round-trip "
                              "through EDN")
-        return cls(name, text, kept, join, semantics)
+        return cls(name, text, kept, join, semantics, tuple(sinks), granularity)
 
     def same(self, other: "QueryDefinition") -> bool:
         """Whether both define the same query (inputs compared as EDN: a list equals a vector)."""
@@ -50,9 +54,11 @@ class QueryDefinition:
     def to_json(self) -> dict:
         """The definition as a JSON object (for log records and checkpoint manifests)."""
         return {"name": self.name, "text": self.text, "inputs": edn.write(list(self.inputs)), "join": self.join,
-                "semantics": self.semantics}
+                "semantics": self.semantics, "granularity": self.granularity,
+                "sinks": [{"path": s.path, "format": s.format, "mode": s.mode} for s in self.sinks]}
 
     @classmethod
     def from_json(cls, body: dict) -> "QueryDefinition":
         """The definition :meth:`to_json` wrote."""
-        return cls(body["name"], body["text"], tuple(edn.read(body["inputs"])), body["join"], body["semantics"])
+        return cls(body["name"], body["text"], tuple(edn.read(body["inputs"])), body["join"], body["semantics"],
+                   tuple(Sink(**s) for s in body.get("sinks", [])), body.get("granularity"))

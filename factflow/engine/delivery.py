@@ -14,6 +14,12 @@ lock, so that
 * a subscriber may transact itself: on the delivering thread ``drain`` returns at once,
   and the loop already running there delivers the new epoch after the current one.
 
+A query with a granularity (:mod:`factflow.engine.granularity`) passes each epoch through
+its window first: a held epoch is delivered later, folded with the epochs after it, by the
+window's timer (:meth:`Deliveries.release`, on the timer's thread) or when the query
+closes. A query's sinks (:mod:`factflow.io.sinks`) get each delivery after its
+subscribers; they only queue it for their writer threads.
+
 The delivery lock is only ever taken without the engine lock held, and a subscriber
 takes the engine lock only inside it, so the two locks cannot deadlock. A subscriber must
 not wait for another thread's ``transact``, though: that call returns only once its epoch
@@ -24,9 +30,14 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+import pandas as pd
+
+from factflow.arrangement.batch import DIFF
 
 if TYPE_CHECKING:  # pragma: no cover
     from factflow.engine.feeds import AttributeFeed
@@ -40,11 +51,13 @@ log = logging.getLogger("factflow.engine")
 @dataclass(frozen=True)
 class Notice:
     """The changes of one query (or attribute feed) in one epoch, for the subscribers it had
-    when the epoch committed."""
+    when the epoch committed; for a query also as a frame (:meth:`Query.output`), which its
+    window and sinks take (``changes`` is then empty when the query has a window)."""
 
     source: "Query | AttributeFeed"
     subscribers: tuple["Subscriber", ...]
     changes: list[tuple[tuple, int]]
+    frame: pd.DataFrame | None = None
 
 
 class Deliveries:
@@ -73,9 +86,54 @@ class Deliveries:
                 while self._queue:
                     epoch, notices = self._queue.popleft()
                     for notice in notices:
-                        _notify(epoch, notice)
+                        _deliver(epoch, notice)
             finally:
                 self._delivering.active = False
+
+    def release(self, query: "Query") -> None:
+        """Deliver what ``query``'s window holds now (its timer, or the query closing).
+
+        Must not be called with the engine lock held."""
+        if getattr(self._delivering, "active", False):  # a subscriber closing its query
+            _release(query)
+            return
+        with self._lock:
+            self._delivering.active = True
+            try:
+                _release(query)
+            finally:
+                self._delivering.active = False
+
+
+def _deliver(epoch: int, notice: Notice) -> None:
+    """Deliver a committed epoch's notice, or hold it in its query's window."""
+    window = getattr(notice.source, "window", None)
+    if window is not None and window.offer(epoch, notice.frame, time.monotonic()) is None:
+        return
+    if window is not None:
+        notice = Notice(notice.source, notice.subscribers, notice.source.changes(notice.frame, DIFF), notice.frame)
+    _notify(epoch, notice)
+    _write(epoch, notice)
+
+
+def _release(query: "Query") -> None:
+    """Deliver a query's held window, if any, to its subscribers now and its sinks."""
+    held = query.window.take(time.monotonic()) if query.window is not None else None
+    if held is None or held[1].empty:
+        return
+    epoch, frame = held
+    notice = Notice(query, query.subscribers, query.changes(frame, DIFF), frame)
+    _notify(epoch, notice)
+    _write(epoch, notice)
+
+
+def _write(epoch: int, notice: Notice) -> None:
+    """Queue a query's delivered changes for its sinks."""
+    sinks = getattr(notice.source, "sinks", ())
+    if sinks and notice.frame is not None:
+        frame = notice.source.sink_frame(notice.frame)
+        for sink in sinks:
+            sink.offer(epoch, frame)
 
 
 def _notify(epoch: int, notice: Notice) -> None:

@@ -18,6 +18,7 @@ and recovers what the directory holds when it opens.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import os
@@ -30,6 +31,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from factflow.arrangement.attribute import AttributeArrangement
+from factflow.arrangement.batch import DIFF
 from factflow.arrangement.trace import MergePolicy
 from factflow.engine.config import EngineConfig
 from factflow.engine.definition import QueryDefinition
@@ -38,6 +40,7 @@ from factflow.engine.durability import CheckpointReport, Durability, RecoveryRep
 from factflow.engine import transaction
 from factflow.engine.epoch import run_epoch, run_maintenance
 from factflow.engine.feeds import AttributeSubscriber
+from factflow.engine.granularity import Window, window_seconds
 from factflow.engine.group import plan_runs
 from factflow.engine.install import install
 from factflow.engine.offsets import check_offset
@@ -46,6 +49,7 @@ from factflow.engine.reports import EpochReport, SparkJob, engine_stats
 from factflow.engine.session import REQUIRED_SQL_CONF, acquire_session, driver_alive, release_session
 from factflow.engine.state import EngineState
 from factflow.errors import EngineClosedError, ExecutionError, FactflowError, StorageError, TransactionError
+from factflow.io.sinks import CHANGE, Sink, SinkWriter, sinks_of
 from factflow.lang.rules import RuleStore
 from factflow.io.ingest import ingest
 from factflow.io.load import LoadReport, load
@@ -343,62 +347,100 @@ class Engine:
 
     # ------------------------------------------------------------ queries
     def query(self, query: str, name: str | None = None, inputs: Sequence[Any] = (), join: str = "auto",
-              semantics: str = "set", durable: bool = False) -> Query:
+              semantics: str = "set", sink: Sink | Sequence[Sink] = (), granularity: float | None = None,
+              durable: bool = False) -> Query:
         """Register and install a query (interest): its dataflow reads the state as of now.
 
         ``inputs`` supply the ``:in`` bindings after ``$``; ``join`` picks the join strategy
         (auto, binary, delta, wco); ``semantics`` is ``set`` (Datomic) or ``multiset``
-        (derivation counts).
+        (derivation counts). ``sink`` (one :class:`~factflow.io.sinks.Sink` or several)
+        writes the result's changes to directories (see :meth:`Query.write_to`);
+        ``granularity`` (seconds) delivers them to subscribers and sinks at most once per
+        window (see :mod:`factflow.engine.granularity`).
 
-        ``durable=True`` (an engine with a ``state_dir`` only) keeps the query's definition
-        in the state directory: an engine reopening it installs the query again, under its
-        name, as of the recovered epoch (see :mod:`factflow.engine.definition`). Asking for
-        a durable query that is installed already with the same definition returns it, so
-        a program that installs its durable queries at start runs unchanged after a restart.
+        ``durable=True`` (an engine with a ``state_dir`` only) keeps the query's definition,
+        sinks and granularity included, in the state directory: an engine reopening it
+        installs the query again, under its name, as of the recovered epoch, and its sinks
+        continue where they stopped (see :mod:`factflow.engine.definition`). Asking for a
+        durable query that is installed already with the same definition returns it, so a
+        program that installs its durable queries at start runs unchanged after a restart.
         ``Query.close()`` drops a durable query for good; ``Engine.close()`` keeps it.
         """
+        sinks, seconds = sinks_of(sink), window_seconds(granularity)
         with self._lock:
             self._check_open()
             if not durable:
-                return self._install(query, name, inputs, join, semantics)
+                return self._install(query, name, inputs, join, semantics, sinks, seconds)
             if self._durability is None:
                 raise StorageError("durable=True needs an engine with a state_dir: there is nowhere to keep the query")
-            definition = QueryDefinition.of(name or "", query, inputs, join, semantics)
+            definition = QueryDefinition.of(name or "", query, inputs, join, semantics, sinks, seconds)
             handle = self._state.queries.get(name) if name else None
             fresh = handle is None or not handle.definition.same(definition)
             if fresh:
-                handle = self._install(query, name, inputs, join, semantics)
+                handle = self._install(query, name, inputs, join, semantics, sinks, seconds)
             elif handle.durable:
                 return handle
             try:  # a new query, or the same query installed without durable=True: it becomes durable
                 self._durability.log_query(handle.definition)
             except BaseException:
                 if fresh:
+                    self._release_outputs(handle)
                     self._uninstall(handle)
                 raise
             handle.durable = True
             return handle
 
-    def _install(self, query: str, name: str | None, inputs: Sequence[Any], join: str, semantics: str) -> Query:
+    def _install(self, query: str, name: str | None, inputs: Sequence[Any], join: str, semantics: str,
+                 sinks: Sequence[Sink] = (), seconds: float | None = None) -> Query:
         dataflow = install(self._state, self.rules, f"factflow-{self._id}-install", query, name, inputs, join,
                            semantics)
-        definition = QueryDefinition(dataflow.name, query, tuple(inputs), join, semantics)
+        definition = QueryDefinition(dataflow.name, query, tuple(inputs), join, semantics, (), seconds)
         handle = Query(self, dataflow, self._state.epoch, self._lock, definition)
+        if seconds:
+            handle.window = Window(seconds, [col for _, col in dataflow.find],
+                                   lambda: self._deliveries.release(handle))
         self._state.queries[handle.name] = handle
+        try:
+            for each in sinks:
+                self._attach_sink(handle, each)
+        except BaseException:
+            self._release_outputs(handle)
+            self._uninstall(handle)
+            raise
         log.info("installed query %s at epoch %d (%s join)", handle.name, self._state.epoch, dataflow.strategy)
         return handle
 
     def _restore_queries(self) -> None:
         """Install the durable queries the state directory holds (a failure is logged and
         listed in the recovery report; the definition stays for the next opening)."""
-        for definition in self._durability.recovered_queries:
+        for d in self._durability.recovered_queries:
             try:
-                self._install(definition.text, definition.name, definition.inputs, definition.join,
-                              definition.semantics).durable = True
-                self.recovery.queries.append(definition.name)
+                self._install(d.text, d.name, d.inputs, d.join, d.semantics, d.sinks, d.granularity).durable = True
+                self.recovery.queries.append(d.name)
             except FactflowError as exc:
-                log.error("durable query %s could not be installed again: %s", definition.name, exc)
-                self.recovery.refused.append(f"query {definition.name}: {exc}")
+                log.error("durable query %s could not be installed again: %s", d.name, exc)
+                self.recovery.refused.append(f"query {d.name}: {exc}")
+
+    def _attach_sink(self, query: Query, sink: Sink) -> SinkWriter:
+        """Open ``sink`` for ``query`` and write its current result (see :mod:`factflow.io.sinks`);
+        a durable query's kept definition gains the sink."""
+        with self._lock:
+            query._check()
+            columns = [(name, kind) for _, name, kind in query.output_columns()]
+            writer = SinkWriter(self.spark, query.name, sink, columns)
+            result = query.frame().withColumnRenamed(DIFF, CHANGE)
+            writer.start(self._state.epoch, result)
+            query._sinks.append(writer)
+            query.definition = dataclasses.replace(query.definition, sinks=query.definition.sinks + (sink,))
+            if query.durable:
+                self._durability.log_query(query.definition)
+            return writer
+
+    def _release_outputs(self, query: Query) -> None:
+        """Deliver ``query``'s held window and stop its sinks (outside the engine lock)."""
+        self._deliveries.release(query)
+        for sink in query.sinks:
+            sink.close()
 
     def _uninstall(self, query: Query, drop: bool = False) -> None:
         """Tear a query down; ``drop`` (its user closed it) also forgets a durable query's definition."""
@@ -438,11 +480,16 @@ class Engine:
             raise EngineClosedError("the engine is closed")
 
     def close(self) -> None:
-        """Close every query, wait for a checkpoint being written, release all state, close a
-        durable engine's log and lock (its directory stays), remove the temporary state directory, and give
+        """Close every query (first, outside the engine lock, delivering held granularity
+        windows and writing what sinks have queued), wait for a checkpoint being written,
+        release all state, close a durable engine's log and lock (its directory stays),
+        remove the temporary state directory, and give
         up the engine's hold on its session (stopping it when the engine was the last to hold
         a session factflow started). An engine whose Spark driver is gone releases nothing in
         Spark: its state went with the driver."""
+        if not self._closed and driver_alive(self.spark):
+            for q in list(self.queries.values()):
+                self._release_outputs(q)
         with self._lock:
             if self._closed:
                 return

@@ -161,13 +161,13 @@ def _feed_notices(state: EngineState, watched: dict[int, pd.DataFrame]) -> list[
 
 
 def _notices(affected: list[Query], outputs: dict[Stateful, pd.DataFrame]) -> list[Notice]:
-    """The consolidated changes of every subscribed query whose result changed."""
+    """The consolidated changes of every query with subscribers or sinks whose result changed."""
     notices = []
     for q in affected:
         out = outputs.get(q.dataflow.result)
-        subscribers = q.subscribers
-        if out is not None and subscribers:
-            changes = q.changes(out, OUT if OUT in out.columns else DIFF)
-            if changes:
-                notices.append(Notice(q, subscribers, changes))
+        if out is not None and q.has_subscribers:
+            frame = q.output(out, OUT if OUT in out.columns else DIFF)
+            if len(frame):
+                changes = q.changes(frame, DIFF) if q.subscribers and q.window is None else []
+                notices.append(Notice(q, q.subscribers, changes, frame))
     return notices

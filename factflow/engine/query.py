@@ -14,8 +14,12 @@ from factflow.dataflow import zset
 from factflow.dataflow.nodes import Distinct
 from factflow.dataflow.zset import ident
 from factflow.engine.definition import QueryDefinition
-from factflow.engine.rows import changes_from_frame, python_rows
-from factflow.errors import EngineClosedError
+from factflow.engine.granularity import Window
+from factflow.engine.history import changes_sql, oldest_available
+from factflow.engine.rows import changes_from_frame, consolidated, python_rows
+from factflow.errors import EngineClosedError, HistoryCompactedError, QueryError
+from factflow.io.sinks import CHANGE, Sink, SinkWriter
+from factflow.model.types import Kind
 from factflow.planner.synthesis import Dataflow
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -42,6 +46,10 @@ class Query:
     returns an arbitrary one; factflow keeps it deterministic).
     ``subscribe(fn)`` calls ``fn(epoch, [(row, diff), ...])`` after every epoch in which
     the result changed; summing the diffs from the install epoch on gives ``results()``.
+    ``changes_frame(since)`` gives those changes as a Spark DataFrame, ``write_to(path)``
+    writes them to a directory after every epoch (:mod:`factflow.io.sinks`), and a query
+    installed with a granularity delivers them at most once per window
+    (:mod:`factflow.engine.granularity`).
 
     Threads: ``results()``, ``rows()``, ``frame()`` and ``explain()`` may be called from
     any thread, also while another one runs an epoch. Each reads under the engine lock, so
@@ -64,6 +72,9 @@ class Query:
         #: whether it is installed again when its engine's state directory is reopened
         self.durable = False
         self._subscribers: list[Subscriber] = []
+        self._sinks: list[SinkWriter] = []
+        #: the granularity window holding changes back (None: every epoch is delivered)
+        self.window: Window | None = None
         self.closed = False
 
     @property
@@ -164,8 +175,66 @@ class Query:
 
     @property
     def has_subscribers(self) -> bool:
-        """Whether anyone listens to this query's changes."""
-        return bool(self._subscribers)
+        """Whether anyone listens to this query's changes (subscribers or sinks)."""
+        return bool(self._subscribers or self._sinks)
+
+    @property
+    def sinks(self) -> tuple[SinkWriter, ...]:
+        """The sinks writing this query's changes."""
+        return tuple(self._sinks)
+
+    def output_columns(self) -> list[tuple[str, str, Kind]]:
+        """Per find element: its internal column, its name in frames and sinks, its kind."""
+        return [(col, _frame_column(v), kind) for (v, _), (col, kind) in zip(self.dataflow.find, self._report())]
+
+    def output(self, frame: pd.DataFrame, diff: str) -> pd.DataFrame:
+        """One epoch's output rows of the result operator consolidated onto the find
+        elements' columns, with the change in ``_diff`` (what windows and sinks take)."""
+        out = consolidated(frame, [col for _, col in self.dataflow.find], diff)
+        return out.rename(columns={diff: DIFF}) if diff != DIFF else out
+
+    def changes_frame(self, since: int | None = None) -> DataFrame:
+        """The result's changes in every epoch after ``since`` as a Spark DataFrame: the
+        find elements' columns (named as in :meth:`frame`), ``diff`` and ``epoch``, each row
+        and epoch once, consolidated as subscribers receive them. ``since=None`` means from
+        the install on: the install epoch's rows are then the whole result as of it.
+
+        History is kept back to :func:`factflow.engine.history.oldest_available`; an older
+        ``since`` raises :class:`HistoryCompactedError` naming both epochs. The frame is
+        fixed and valid like :meth:`frame`'s.
+        """
+        with self._lock:
+            self._check()
+            start = self.installed_at - 1 if since is None else since
+            if not isinstance(start, int) or isinstance(start, bool):
+                raise QueryError(f"since must be an epoch number, not {since!r}")
+            oldest = oldest_available(self)
+            if start < oldest:
+                raise HistoryCompactedError(
+                    f"query {self.name}: the changes after epoch {start} are compacted away; the oldest epoch "
+                    f"they can be read after is {oldest}", start, oldest)
+            frame = self._engine.spark.sql(changes_sql(self, start, self._engine.epoch, self.output_columns()))
+            if self.dataflow.result.handle.stored:
+                self._engine.spark.sparkContext.setJobDescription(f"changes of {self.name}")
+                frame = frame.localCheckpoint(eager=True)
+        return frame
+
+    def write_to(self, path: str, format: str = "parquet", mode: str = "diffs") -> SinkWriter:
+        """Write the result's changes to the directory ``path`` from now on, atomically per
+        epoch (see :mod:`factflow.io.sinks`): ``format`` parquet, json or csv; ``mode``
+        ``diffs`` (each epoch's changes, starting with the whole current result) or
+        ``snapshot`` (each epoch's whole result). Returns the sink's writer."""
+        return self._engine._attach_sink(self, Sink(path, format, mode))
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every sink has written every epoch delivered so far (or failed to);
+        returns whether all of them are written."""
+        return all([sink.flush(timeout) for sink in self.sinks])
+
+    def sink_frame(self, frame: pd.DataFrame) -> pd.DataFrame:
+        """An :meth:`output` frame with the column names sinks write."""
+        names = {col: name for col, name, _ in self.output_columns()}
+        return frame.rename(columns={**names, DIFF: CHANGE})
 
     def changes(self, frame: pd.DataFrame, diff: str) -> list[tuple[tuple, int]]:
         """One epoch's output rows of the result operator as consolidated ``(row, diff)`` pairs, as subscribers get them."""
@@ -180,9 +249,11 @@ class Query:
             return self.dataflow.explain()
 
     def close(self) -> None:
-        """Uninterest: tear the dataflow down and release its trace handles. A durable query
-        is dropped for good (it is not installed again after a restart)."""
+        """Uninterest: deliver a held granularity window, write what sinks have queued and
+        stop them, tear the dataflow down and release its trace handles. A durable query is
+        dropped for good (it is not installed again after a restart)."""
         if not self.closed:
+            self._engine._release_outputs(self)
             self._engine._uninstall(self, drop=True)
 
     def _check(self) -> None:

@@ -9,7 +9,7 @@ import pandas as pd
 
 from factflow.model.types import Kind
 
-__all__ = ["python_rows", "changes_from_frame"]
+__all__ = ["python_rows", "consolidated", "changes_from_frame"]
 
 
 def _column_values(series: pd.Series, kind: Kind) -> list:
@@ -27,9 +27,9 @@ def python_rows(frame: pd.DataFrame, columns: Sequence[tuple[str, Kind]]) -> lis
     return list(zip(*values))
 
 
-def changes_from_frame(frame: pd.DataFrame, columns: Sequence[tuple[str, Kind]], diff: str) -> list[tuple[tuple, int]]:
-    """Consolidated ``(row, diff)`` pairs of ``frame`` projected onto ``columns``."""
-    names = [n for n, _ in columns]
+def consolidated(frame: pd.DataFrame, names: Sequence[str], diff: str) -> pd.DataFrame:
+    """``frame`` projected onto ``names`` and ``diff``, diffs summed per row, zero rows dropped."""
+    names = list(names)
     frame = frame.loc[frame[diff] != 0, names + [diff]]
     if names and frame.duplicated(names).any():
         frame = frame.groupby(names, sort=False, as_index=False, dropna=False)[diff].sum()
@@ -37,4 +37,10 @@ def changes_from_frame(frame: pd.DataFrame, columns: Sequence[tuple[str, Kind]],
     elif not names and len(frame) > 1:
         frame = pd.DataFrame({diff: [frame[diff].sum()]})
         frame = frame[frame[diff] != 0]
+    return frame
+
+
+def changes_from_frame(frame: pd.DataFrame, columns: Sequence[tuple[str, Kind]], diff: str) -> list[tuple[tuple, int]]:
+    """Consolidated ``(row, diff)`` pairs of ``frame`` projected onto ``columns``."""
+    frame = consolidated(frame, [n for n, _ in columns], diff)
     return list(zip(python_rows(frame, columns), frame[diff].astype("int64").tolist()))

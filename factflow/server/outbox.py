@@ -13,7 +13,8 @@ waiting change rows the outbox overflows: it calls ``on_overflow`` once (the ser
 the client) and sends nothing more.
 
 A query interest with a granularity of G seconds gets at most one diff message per G
-seconds: changes arriving sooner wait, folded, until the window closes.
+seconds: changes arriving sooner wait, folded, until the window closes (the timing rule
+is the engine's, :class:`factflow.engine.granularity.Throttle`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import asyncio
 import time
 from collections import deque
 from typing import Any, Callable
+
+from factflow.engine.granularity import Throttle
 
 __all__ = ["Outbox"]
 
@@ -63,8 +66,7 @@ class Outbox:
         self._queue: deque[dict | _Changes] = deque()
         self._waiting: dict[tuple[str, str], _Changes] = {}  # changes still in the queue, by source
         self._held: dict[str, _Changes] = {}  # query changes held back by a granularity window
-        self._granularity: dict[str, float] = {}
-        self._last_sent: dict[str, float] = {}
+        self._throttles: dict[str, Throttle] = {}  # query -> its granularity's timing
         self._rows = 0
         self._ready = asyncio.Event()
         self.overflowed = False
@@ -85,13 +87,13 @@ class Outbox:
         if self.closed:
             return
         key = (kind, name)
-        window = self._granularity.get(name, 0.0) if kind == "diff" else 0.0
-        if window and not always:
+        throttle = self._throttles.get(name) if kind == "diff" else None
+        if throttle is not None and not always:
             held = self._held.get(name)
             if held is not None:
                 self._grow(held.fold(epoch, changes))
                 return
-            wait = self._last_sent.get(name, 0.0) + window - time.monotonic()
+            wait = throttle.wait(time.monotonic())
             if wait > 0:
                 held = self._held[name] = _Changes(kind, name, epoch, changes)
                 self._grow(len(held.rows))
@@ -113,13 +115,13 @@ class Outbox:
     def set_granularity(self, query: str, seconds: float | None) -> None:
         """At most one diff message of ``query`` per ``seconds`` (None or 0: every epoch)."""
         if seconds:
-            self._granularity[query] = float(seconds)
+            self._throttles[query] = Throttle(seconds)
         else:
-            self._granularity.pop(query, None)
+            self._throttles.pop(query, None)
 
     def forget(self, query: str) -> None:
         """Drop what waits for a query the client is no longer interested in."""
-        self._granularity.pop(query, None)
+        self._throttles.pop(query, None)
         held = self._held.pop(query, None)
         if held is not None:
             self._rows -= len(held.rows)
@@ -155,8 +157,9 @@ class Outbox:
             if self._waiting.get((item.kind, item.name)) is item:
                 del self._waiting[(item.kind, item.name)]
             self._rows -= len(item.rows)
-            if item.kind == "diff":
-                self._last_sent[item.name] = time.monotonic()
+            throttle = self._throttles.get(item.name) if item.kind == "diff" else None
+            if throttle is not None:
+                throttle.sent(time.monotonic())
             return item.message()
         return item
 

@@ -39,6 +39,7 @@ from factflow.engine.feeds import AttributeSubscriber
 from factflow.engine.group import plan_runs
 from factflow.engine.install import install
 from factflow.engine.offsets import check_offset
+from factflow.engine.pull import pull_query, pulled
 from factflow.engine.query import Query
 from factflow.engine.reports import EpochReport, SparkJob, engine_stats
 from factflow.engine.session import REQUIRED_SQL_CONF, acquire_session, driver_alive, release_session
@@ -328,6 +329,19 @@ class Engine:
             self._state.queries[handle.name] = handle
             log.info("installed query %s at epoch %d (%s join)", handle.name, self._state.epoch, dataflow.strategy)
             return handle
+
+    def pull(self, pattern: Any, entity: int) -> dict[str, Any] | None:
+        """Datomic's ``pull``: ``entity`` shaped by ``pattern`` (EDN text or form, such as
+        ``[:person/name {:person/knows [:person/name]}]``) as of the latest closed epoch, as
+        plain dicts and lists (see :mod:`factflow.model.pulled`); None, like Datomic's nil,
+        when the entity has none of the pattern's attributes. It installs the pull as a query
+        and closes it (see :mod:`factflow.engine.pull`); to follow an entity, query the pull."""
+        with self._lock:
+            query = self.query(pull_query(pattern, entity), name=f"pull of {entity}", inputs=[entity])
+            try:
+                return pulled(query.results())
+            finally:
+                query.close()
 
     def _uninstall(self, query: Query) -> None:
         with self._lock:

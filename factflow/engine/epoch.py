@@ -34,9 +34,8 @@ from typing import Any, Callable
 
 import pandas as pd
 
-from factflow.arrangement.batch import DIFF
 from factflow.dataflow.context import EpochContext
-from factflow.dataflow.nodes import OUT, Stateful
+from factflow.dataflow.nodes import Stateful
 from factflow.engine import transaction
 from factflow.engine.apply import apply_changes
 from factflow.engine.delivery import Deliveries, Notice
@@ -83,8 +82,7 @@ def run_epoch(state: EngineState, tx: Any, group_prefix: str, epoch_log: list[Ep
                     if any(state.schema.get(a).id in changed for a in q.dataflow.attributes)]
         outputs, kept = state.evaluate([q.dataflow for q in affected],
                                        EpochContext(epoch, state.spark, small=prepared.small),
-                                       subscribed={q.dataflow.result for q in affected if q.has_subscribers})
-        notices = _notices(affected, outputs) + _feed_notices(state, watched)
+                                       subscribed={n for q in affected for n in q.dataflow.outputs(q.has_subscribers)})
         phases["queries"] = time.perf_counter() - mark
         if journal is not None:
             mark = time.perf_counter()
@@ -104,6 +102,7 @@ def run_epoch(state: EngineState, tx: Any, group_prefix: str, epoch_log: list[Ep
         state.rollback(epoch)
         raise
     state.epoch = epoch
+    notices = _notices(affected, outputs) + _feed_notices(state, watched)
     if offsets:
         state.offsets.record(offsets, epoch)
     state.advance(epoch)
@@ -161,13 +160,12 @@ def _feed_notices(state: EngineState, watched: dict[int, pd.DataFrame]) -> list[
 
 
 def _notices(affected: list[Query], outputs: dict[Stateful, pd.DataFrame]) -> list[Notice]:
-    """The consolidated changes of every subscribed query whose result changed."""
+    """The consolidated changes of every subscribed query whose result changed (computed
+    once the epoch is committed: queries with pulls update their rows on the driver)."""
     notices = []
     for q in affected:
-        out = outputs.get(q.dataflow.result)
         subscribers = q.subscribers
-        if out is not None and subscribers:
-            changes = q.changes(out, OUT if OUT in out.columns else DIFF)
-            if changes:
-                notices.append(Notice(q, subscribers, changes))
+        changes = q.epoch_changes(outputs, bool(subscribers))
+        if changes and subscribers:
+            notices.append(Notice(q, subscribers, changes))
     return notices

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import re
 import threading
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import pandas as pd
 from pyspark.sql import DataFrame
 
 from factflow.arrangement.batch import DIFF
 from factflow.dataflow import zset
-from factflow.dataflow.nodes import Distinct
+from factflow.dataflow.nodes import OUT, Distinct, Stateful
 from factflow.dataflow.zset import ident
+from factflow.engine.pull import PullView
 from factflow.engine.rows import changes_from_frame, python_rows
 from factflow.errors import EngineClosedError
+from factflow.lang.ast import Pull
 from factflow.planner.synthesis import Dataflow
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -59,6 +61,9 @@ class Query:
         self.installed_at = installed_at
         self._subscribers: list[Subscriber] = []
         self.closed = False
+        self._pull = PullView(dataflow) if dataflow.pulls else None
+        if self._pull is not None:
+            self._pull.load(engine.spark, installed_at, self._current_sql())
 
     @property
     def columns(self) -> list[str]:
@@ -79,6 +84,9 @@ class Query:
         """The result as of the latest closed epoch as ``{row_tuple: multiplicity}``, whatever
         the find spec (read under the engine lock, see the class docs)."""
         with self._lock:
+            if self._pull is not None:
+                self._check()
+                return self._pull.results()
             frame = self._engine.spark.sql(self._current_sql())
             self._engine.spark.sparkContext.setJobDescription(f"results of {self.name}")
             data = frame.toArrow().to_pandas()
@@ -168,6 +176,18 @@ class Query:
             changes = list(zip(self._decode([row for row, _ in changes]), [d for _, d in changes]))
         return changes
 
+    def epoch_changes(self, outputs: Mapping[Stateful, pd.DataFrame], wanted: bool) -> list[tuple[tuple, int]]:
+        """This epoch's changes of the result from the outputs the evaluation fetched (see
+        :meth:`Dataflow.outputs`); a query without pulls computes them only when ``wanted``,
+        one with pulls always brings its rows on the driver up to date."""
+        out = outputs.get(self.dataflow.result)
+        if self._pull is not None:
+            changes = self.changes(out, OUT if OUT in out.columns else DIFF) if out is not None else []
+            return self._pull.apply(changes, outputs)
+        if out is None or not wanted:
+            return []
+        return self.changes(out, OUT if OUT in out.columns else DIFF)
+
     def explain(self) -> str:
         """A readable description of the plan: strategy, operators, the state they hold (read under the engine lock)."""
         with self._lock:
@@ -187,8 +207,10 @@ class Query:
 
 
 def _frame_column(element) -> str:
-    """A DataFrame column name for a find element: ``?x`` -> ``x``, ``(count ?x)`` -> ``count_x``."""
-    text = str(element).strip("()").replace("?", "")
+    """A DataFrame column name for a find element: ``?x`` -> ``x``, ``(count ?x)`` -> ``count_x``,
+    ``(pull ?e [...])`` -> ``pull_e`` (the entity ids)."""
+    text = f"pull {element.var}" if isinstance(element, Pull) else str(element)
+    text = text.strip("()").replace("?", "")
     return re.sub(r"[^A-Za-z0-9]+", "_", text).strip("_")
 
 

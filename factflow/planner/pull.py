@@ -12,8 +12,8 @@ result: a change to an attribute at any depth, or to the roots, changes the rows
 affected roots only. The driver assembles the nested maps of the result rows from these
 rows (:mod:`factflow.engine.pull`).
 
-``*`` expands to every attribute the schema holds when the query is installed
-(attributes created later are not pulled); ``:db/id`` needs no relation.
+``*`` expands to ``:db/id`` and every attribute the schema holds when the query is
+installed (attributes created later are not pulled); ``:db/id`` needs no relation.
 """
 
 from __future__ import annotations
@@ -77,6 +77,7 @@ def expand_pattern(pattern: PullPattern, pc: PlanContext, where: str) -> tuple[P
     fields: dict[str, PullField] = {}
     for item in pattern.items:
         if isinstance(item, PullWildcard):
+            fields.setdefault(DB_ID, PullField(DB_ID, None))
             for attribute in sorted(pc.schema, key=lambda a: str(a.name)):
                 fields.setdefault(str.__str__(attribute.name), PullField(str.__str__(attribute.name), attribute))
             continue

@@ -3,14 +3,15 @@
 3DF compiles a pull into *pull stages*, one per attribute path of the pattern (seeds/000,
 sections 5.1 and 12.1): each stage is a relation of the pulled entities and the values
 reached along its path. factflow does the same. For the pull of ``?e`` the *roots* are the
-set of ``?e`` values the query's ``:where`` binds (a :class:`Distinct` over its body), and
-every path ``a1 a2 ... an`` of the pattern (``a1 .. a(n-1)`` reference attributes of
-nested maps) is the conjunction ``[?root a1 ?x1] [?x1 a2 ?x2] ... [?x(n-1) an ?xn]``
-joined with the roots by the query's join strategy, projected onto ``root, x1, .., xn``
-and kept as a set in a private trace. Each path relation is maintained like any query
-result: a change to an attribute at any depth, or to the roots, changes the rows of the
-affected roots only. The driver assembles the nested maps of the result rows from these
-rows (:mod:`factflow.engine.pull`).
+set of ``?e`` values the query's ``:where`` binds (a :class:`Distinct` over its body). The
+stage of a path ``a1 .. an`` (``a1 .. a(n-1)`` reference attributes of nested maps) holds
+the rows ``(root, x1, .., xn)`` of ``[?root a1 ?x1] .. [?x(n-1) an ?xn]``: it is its parent
+stage's rows ``(root, .., x(n-1))`` (the roots for ``n = 1``) joined with the shared
+arrangement of ``an`` by the query's join strategy (a delta join under ``auto``: lookups,
+no private state), kept as a set in a private trace. Each stage is maintained like any
+query result: a change to an attribute at any depth, or to the roots, changes the rows
+of the affected roots only. The driver assembles the nested maps of the result rows from
+these rows (:mod:`factflow.engine.pull`).
 
 ``*`` expands to ``:db/id`` and every attribute the schema holds when the query is
 installed (attributes created later are not pulled); ``:db/id`` needs no relation.
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 from factflow.dataflow.nodes import Distinct, Node, Project
 from factflow.edn import EdnVector, Symbol
 from factflow.errors import QueryError
-from factflow.lang.ast import Pattern, Pull, PullAttr, PullNested, PullPattern, PullWildcard, Var
+from factflow.lang.ast import Pattern, Pull, PullAttr, PullNested, PullPattern, PullWildcard, Var, show
 from factflow.lang.pull import DB_ID
 from factflow.model.schema import Attribute
 from factflow.model.types import Kind
@@ -108,30 +109,29 @@ def plan_pull(element: Pull, body: Node, scope: Scope, pc: PlanContext) -> PullP
     roots = pc.distinct(Project(body, [column]), f"pull roots {element.var}")
     plan = PullPlan(element, column, fields, {})
 
-    def add(fields: tuple[PullField, ...], prefix: tuple[Attribute, ...], keys: tuple[str, ...]) -> None:
+    def add(fields: tuple[PullField, ...], parent: Node, steps: tuple[Attribute, ...], keys: tuple[str, ...]) -> None:
         for f in fields:
             if f.attribute is None:
                 continue
-            steps, key = prefix + (f.attribute,), keys + (f.key,)
-            plan.paths[key] = PullPath(steps, _stage(steps, element.var, column, roots, pc, where))
+            path = PullPath(steps + (f.attribute,), _stage(f.attribute, parent, element.var, pc, where))
+            plan.paths[keys + (f.key,)] = path
             if f.nested is not None:
-                add(f.nested, steps, key)
+                add(f.nested, path.node, path.steps, keys + (f.key,))
 
-    add(fields, (), ())
+    add(fields, roots, (), ())
     return plan
 
 
-def _stage(steps: tuple[Attribute, ...], root: Var, column: str, roots: Node, pc: PlanContext,
-           where: str) -> Distinct:
-    """The set of rows ``(root, x1, ..., xn)`` of one attribute path, from the roots."""
+def _stage(attribute: Attribute, parent: Node, root: Var, pc: PlanContext, where: str) -> Distinct:
+    """The set of rows ``(root, x1, ..., xn)``: the parent stage's rows ``(root, .., x(n-1))``
+    (or the roots) extended by the values of ``attribute`` of ``x(n-1)``."""
     scope = Scope(pc)
-    scope.share(root, column)
-    chain = [root] + [Var(f"?pull{i + 1}") for i in range(len(steps))]
-    clauses = [Pattern(chain[i], step.name, chain[i + 1],
-                       EdnVector([Symbol(chain[i].name), step.name, Symbol(chain[i + 1].name)]))
-               for i, step in enumerate(steps)]
-    path = " ".join(str(a.name) for a in steps)
-    body = plan_conjunction(clauses, [roots], scope, pc, label=f"{where} path {path}")
-    rows = Project(body, [scope.col(v) for v in chain])
-    trace = pc.private_trace(f"pull {root} {path}", rows.columns, tuple(rows.names), "result")
+    chain = [root] + [Var(f"?pull{i}") for i in range(1, len(parent.names) + 1)]
+    for var, column in zip(chain, parent.names):
+        scope.share(var, column)
+    entity, value = chain[-2], chain[-1]
+    clause = Pattern(entity, attribute.name, value, EdnVector([Symbol(entity.name), attribute.name, Symbol(value.name)]))
+    body = plan_conjunction([clause], [parent], scope, pc, label=f"{where} stage {show(clause)}")
+    rows = Project(body, [*parent.names, scope.col(value)])
+    trace = pc.private_trace(f"pull {root} {attribute.name} of {entity}", rows.columns, tuple(rows.names), "result")
     return Distinct(rows, trace, pc.owner, role="result")

@@ -8,6 +8,7 @@ receive every query's result as consistent changes after each epoch.
 from factflow.engine.engine import Engine, EngineConfig, EpochReport, SparkJob
 from factflow.engine.query import Query
 from factflow.engine.session import create_session
+from factflow.model.pulled import PullMap
 from factflow.errors import (
     ConnectionClosedError, CorruptStateError, EdnSyntaxError, EngineClosedError, ExecutionError, FactflowError,
     QueryError, RequestTimeoutError, RuleError, SchemaError, ServerError, StateLockedError, StateVersionError,
@@ -17,7 +18,7 @@ from factflow.errors import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "Engine", "EngineConfig", "EpochReport", "SparkJob", "Query", "create_session",
+    "Engine", "EngineConfig", "EpochReport", "SparkJob", "Query", "PullMap", "create_session",
     "FactflowError", "EdnSyntaxError", "SchemaError", "UnknownAttributeError", "TransactionError",
     "QueryError", "RuleError", "EngineClosedError", "ExecutionError", "ServerError", "ConnectionClosedError",
     "RequestTimeoutError", "StorageError", "StateLockedError", "StateVersionError", "CorruptStateError",

@@ -40,7 +40,9 @@ class Query:
     - scalar ``[:find ?a .]``: one value, or None when the result is empty.
 
     Where a tuple or scalar query has several rows, the smallest is returned (Datomic
-    returns an arbitrary one; factflow keeps it deterministic).
+    returns an arbitrary one; factflow keeps it deterministic). A pull expression's
+    position holds a :class:`factflow.PullMap` (see :mod:`factflow.engine.pull`); rows with
+    pulls are kept on the driver, so reading them runs no Spark job.
     ``subscribe(fn)`` calls ``fn(epoch, [(row, diff), ...])`` after every epoch in which
     the result changed; summing the diffs from the install epoch on gives ``results()``.
 
@@ -63,7 +65,11 @@ class Query:
         self.closed = False
         self._pull = PullView(dataflow) if dataflow.pulls else None
         if self._pull is not None:
-            self._pull.load(engine.spark, installed_at, self._current_sql())
+            try:
+                self._pull.load(engine.spark, installed_at, self._current_sql())
+            except BaseException:
+                dataflow.close()
+                raise
 
     @property
     def columns(self) -> list[str]:

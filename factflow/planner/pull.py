@@ -3,7 +3,8 @@
 3DF compiles a pull into *pull stages*, one per attribute path of the pattern (seeds/000,
 sections 5.1 and 12.1): each stage is a relation of the pulled entities and the values
 reached along its path. factflow does the same. For the pull of ``?e`` the *roots* are the
-set of ``?e`` values the query's ``:where`` binds (a :class:`Distinct` over its body). The
+set of ``?e`` values the query's ``:where`` binds (a :class:`Distinct` over its body, or the
+query's result itself when ``?e`` is all it holds). The
 stage of a path ``a1 .. an`` (``a1 .. a(n-1)`` reference attributes of nested maps) holds
 the rows ``(root, x1, .., xn)`` of ``[?root a1 ?x1] .. [?x(n-1) an ?xn]``: it is its parent
 stage's rows ``(root, .., x(n-1))`` (the roots for ``n = 1``) joined with the shared
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from factflow.dataflow.nodes import Distinct, Node, Project
+from factflow.dataflow.nodes import Distinct, Node, Project, Stateful
 from factflow.edn import EdnVector, Symbol
 from factflow.errors import QueryError
 from factflow.lang.ast import Pattern, Pull, PullAttr, PullNested, PullPattern, PullWildcard, Var, show
@@ -97,8 +98,10 @@ def expand_pattern(pattern: PullPattern, pc: PlanContext, where: str) -> tuple[P
     return tuple(fields.values())
 
 
-def plan_pull(element: Pull, body: Node, scope: Scope, pc: PlanContext) -> PullPlan:
-    """The stages of ``element`` over the bindings ``body`` of the query's ``:where``."""
+def plan_pull(element: Pull, body: Node, result: Stateful, scope: Scope, pc: PlanContext) -> PullPlan:
+    """The stages of ``element`` over the bindings ``body`` of the query's ``:where``
+    (``result``, the query's result operator, serves as the roots when it holds only the
+    pulled entities)."""
     where = str(element)
     column = scope.col(element.var)
     if column not in body.names:
@@ -106,7 +109,8 @@ def plan_pull(element: Pull, body: Node, scope: Scope, pc: PlanContext) -> PullP
     if body.kind_of(column) != Kind.LONG:
         raise QueryError(f"{where}: {element.var} is a {body.kind_of(column).value}, not an entity id")
     fields = expand_pattern(element.pattern, pc, where)
-    roots = pc.distinct(Project(body, [column]), f"pull roots {element.var}")
+    roots = (result if result.names == [column]
+             else pc.distinct(Project(body, [column]), f"pull roots {element.var}"))
     plan = PullPlan(element, column, fields, {})
 
     def add(fields: tuple[PullField, ...], parent: Node, steps: tuple[Attribute, ...], keys: tuple[str, ...]) -> None:

@@ -209,7 +209,7 @@ def synthesize(query: Query, inputs: Sequence[Any], pc: PlanContext, join: str) 
                         else Arranged(projected, trace, pc.name))
     result.role = "result"
     find = [(e if isinstance(e, Pull) else FindVar(e.var), scope.col(e.var)) for e in query.find.elements]
-    stages = [plan_pull(p, root, scope, pc) for p in pulls]
+    stages = [plan_pull(p, root, result, scope, pc) for p in pulls]
     return Dataflow(pc, result, find, strategy, join, query.find.kind, pulls=stages)
 
 

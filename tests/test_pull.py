@@ -61,6 +61,8 @@ def test_changes_at_depth_one_and_two(both):
               [":db/add", 3, ":person/age", 30], [":db/add", 1, ":person/tag", "x"]])
     q = engine.query(NESTED)
     assert canonical(q.results()) == oracle.query(NESTED)
+    plan = q.explain()
+    assert "stage :person/knows :person/age" in plan and "stage :person/best :person/name" in plan
     follow = Follower(q)
     steps = [
         [[":db/add", 3, ":person/name", "Cid"]],                 # a nested entity gains a pulled attribute

@@ -9,7 +9,9 @@ stage of a path ``a1 .. an`` (``a1 .. a(n-1)`` reference attributes of nested ma
 the rows ``(root, x1, .., xn)`` of ``[?root a1 ?x1] .. [?x(n-1) an ?xn]``: it is its parent
 stage's rows ``(root, .., x(n-1))`` (the roots for ``n = 1``) joined with the shared
 arrangement of ``an`` by the query's join strategy (a delta join under ``auto``: lookups,
-no private state), kept as a set in a private trace. Each stage is maintained like any
+no private state), kept in a private trace keyed by ``xn`` (a :class:`Distinct` only
+where a raw attribute or a multiset result can derive a row twice), so that a change of
+``a(n+1)`` probes it by key in a small epoch. Each stage is maintained like any
 query result: a change to an attribute at any depth, or to the roots, changes the rows
 of the affected roots only. The driver assembles the nested maps of the result rows from
 these rows (:mod:`factflow.engine.pull`).
@@ -22,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from factflow.dataflow.nodes import Distinct, Node, Project, Stateful
+from factflow.dataflow.nodes import Arranged, Distinct, Node, Project, Stateful
 from factflow.edn import EdnVector, Symbol
 from factflow.errors import QueryError
 from factflow.lang.ast import Pattern, Pull, PullAttr, PullNested, PullPattern, PullWildcard, Var, show
@@ -51,7 +53,7 @@ class PullPath:
     ``(root, x1, ..., xn)`` maintained by ``node``."""
 
     steps: tuple[Attribute, ...]
-    node: Distinct
+    node: Stateful
 
     @property
     def label(self) -> str:
@@ -68,7 +70,7 @@ class PullPlan:
     fields: tuple[PullField, ...]
     paths: dict[tuple[str, ...], PullPath]  # by the keys of the path's fields
 
-    def nodes(self) -> list[Distinct]:
+    def nodes(self) -> list[Stateful]:
         """The stateful operators of the stages."""
         return [p.node for p in self.paths.values()]
 
@@ -113,22 +115,26 @@ def plan_pull(element: Pull, body: Node, result: Stateful, scope: Scope, pc: Pla
              else pc.distinct(Project(body, [column]), f"pull roots {element.var}"))
     plan = PullPlan(element, column, fields, {})
 
-    def add(fields: tuple[PullField, ...], parent: Node, steps: tuple[Attribute, ...], keys: tuple[str, ...]) -> None:
+    def add(fields: tuple[PullField, ...], parent: Node, parent_is_set: bool, steps: tuple[Attribute, ...],
+            keys: tuple[str, ...]) -> None:
         for f in fields:
             if f.attribute is None:
                 continue
-            path = PullPath(steps + (f.attribute,), _stage(f.attribute, parent, element.var, pc, where))
+            unique = parent_is_set and f.attribute.is_set
+            path = PullPath(steps + (f.attribute,), _stage(f.attribute, parent, unique, element.var, pc, where))
             plan.paths[keys + (f.key,)] = path
             if f.nested is not None:
-                add(f.nested, path.node, path.steps, keys + (f.key,))
+                add(f.nested, path.node, True, path.steps, keys + (f.key,))
 
-    add(fields, roots, (), ())
+    add(fields, roots, roots is not result or pc.semantics == "set", (), ())
     return plan
 
 
-def _stage(attribute: Attribute, parent: Node, root: Var, pc: PlanContext, where: str) -> Distinct:
+def _stage(attribute: Attribute, parent: Node, unique: bool, root: Var, pc: PlanContext, where: str) -> Stateful:
     """The set of rows ``(root, x1, ..., xn)``: the parent stage's rows ``(root, .., x(n-1))``
-    (or the roots) extended by the values of ``attribute`` of ``x(n-1)``."""
+    (or the roots) extended by the values of ``attribute`` of ``x(n-1)``. When the parent
+    is a set and the attribute too (``unique``), every row is derived once: the rows are
+    arranged as they come, without the derivation counts (and their reads) of a Distinct."""
     scope = Scope(pc)
     chain = [root] + [Var(f"?pull{i}") for i in range(1, len(parent.names) + 1)]
     for var, column in zip(chain, parent.names):
@@ -137,5 +143,6 @@ def _stage(attribute: Attribute, parent: Node, root: Var, pc: PlanContext, where
     clause = Pattern(entity, attribute.name, value, EdnVector([Symbol(entity.name), attribute.name, Symbol(value.name)]))
     body = plan_conjunction([clause], [parent], scope, pc, label=f"{where} stage {show(clause)}")
     rows = Project(body, [*parent.names, scope.col(value)])
-    trace = pc.private_trace(f"pull {root} {attribute.name} of {entity}", rows.columns, tuple(rows.names), "result")
-    return Distinct(rows, trace, pc.owner, role="result")
+    # keyed by the value: a nested stage looks this one up by its entity (the referenced one)
+    trace = pc.private_trace(f"pull {root} {attribute.name} of {entity}", rows.columns, (rows.names[-1],), "result")
+    return (Arranged if unique else Distinct)(rows, trace, pc.owner, role="result")

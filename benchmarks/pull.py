@@ -105,9 +105,10 @@ def main() -> None:
         phases.append(db.epoch_log[-1].phases)
 
         renamed = spark.createDataFrame([(person, new_name)], "id long, name string")
-        edges = spark.createDataFrame([gone], "src long, dst long"), spark.createDataFrame([added], "src long, dst long")
+        retracted = spark.createDataFrame([gone], "src long, dst long")
+        asserted = spark.createDataFrame([added], "src long, dst long")
         next_names = names.filter(F.col("id") != person).unionByName(renamed).repartition(partitions).cache()
-        next_knows = knows.subtract(edges[0]).unionByName(edges[1]).repartition(partitions).cache()
+        next_knows = knows.subtract(retracted).unionByName(asserted).repartition(partitions).cache()
         seconds, rebuilt = timed(lambda: rebuild(next_names, next_knows))
         names.unpersist()
         knows.unpersist()

@@ -140,7 +140,8 @@ def _stage(attribute: Attribute, parent: Node, unique: bool, root: Var, pc: Plan
     for var, column in zip(chain, parent.names):
         scope.share(var, column)
     entity, value = chain[-2], chain[-1]
-    clause = Pattern(entity, attribute.name, value, EdnVector([Symbol(entity.name), attribute.name, Symbol(value.name)]))
+    form = EdnVector([Symbol(entity.name), attribute.name, Symbol(value.name)])
+    clause = Pattern(entity, attribute.name, value, form)
     body = plan_conjunction([clause], [parent], scope, pc, label=f"{where} stage {show(clause)}")
     rows = Project(body, [*parent.names, scope.col(value)])
     # keyed by the value: a nested stage looks this one up by its entity (the referenced one)

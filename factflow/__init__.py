@@ -9,6 +9,7 @@ from factflow.engine.engine import Engine, EngineConfig, EpochReport, SparkJob
 from factflow.engine.query import Query
 from factflow.engine.session import create_session
 from factflow.io.sinks import Sink
+from factflow.model.pulled import PullMap
 from factflow.errors import (
     ConnectionClosedError, CorruptStateError, EdnSyntaxError, EngineClosedError, ExecutionError, FactflowError,
     HistoryCompactedError, IngestError, LoadError, QueryError, RequestTimeoutError, RuleError, SchemaError,
@@ -18,7 +19,7 @@ from factflow.errors import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "Engine", "EngineConfig", "EpochReport", "SparkJob", "Query", "create_session",
+    "Engine", "EngineConfig", "EpochReport", "SparkJob", "Query", "PullMap", "create_session",
     "FactflowError", "EdnSyntaxError", "SchemaError", "UnknownAttributeError", "TransactionError",
     "LoadError", "IngestError", "QueryError", "RuleError", "EngineClosedError", "ExecutionError", "ServerError",
     "ConnectionClosedError", "RequestTimeoutError", "HistoryCompactedError", "SinkError", "Sink", "StorageError",

@@ -13,11 +13,13 @@ import statistics
 from collections import Counter, defaultdict
 from typing import Any
 
+from factflow.edn import read
 from factflow.lang.ast import (
     Aggregate, BindColl, BindRel, BindScalar, BindTuple, Blank, Const, FindVar, FnCall, Not, Or, Pattern, Predicate,
-    RuleCall, Var, clause_vars,
+    Pull, PullNested, PullWildcard, RuleCall, Var, clause_vars,
 )
 from factflow.lang.parser import parse_query, parse_rules
+from factflow.lang.pull import parse_pull_pattern
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
@@ -92,7 +94,7 @@ class Oracle:
             rows = _input_rows(inp.binding, value)
             bindings = [({**b, **r}, m) for b, m in bindings for r in rows]
         bindings = self._conjunction(query.where, bindings)
-        find = [e.var for e in query.find.elements if isinstance(e, FindVar)]
+        find = [e.var for e in query.find.elements if isinstance(e, (FindVar, Pull))]
         aggregates = [e for e in query.find.elements if isinstance(e, Aggregate)]
         keep = list(dict.fromkeys(find + [a.var for a in aggregates] + list(query.with_vars)))
         full = Counter()
@@ -103,9 +105,49 @@ class Oracle:
         if aggregates:
             return _aggregate(query, keep, full)
         out = Counter()
+        pulls = [(i, e.pattern) for i, e in enumerate(query.find.elements) if isinstance(e, Pull)]
         for k, n in full.items():
-            out[k[: len(find)]] += n
+            row = list(k[: len(find)])
+            for i, pattern in pulls:
+                row[i] = frozen_pull(self._pull(pattern, row[i]))
+            out[tuple(row)] += n
         return Counter({k: n for k, n in out.items() if n != 0})
+
+    # ------------------------------------------------------------ pull
+    def pull(self, pattern: str, entity) -> dict | None:
+        """Datomic's pull of one entity as plain dicts and lists; None when it has none of the
+        pattern's attributes (``:db/id`` alone does not count)."""
+        pulled = self._pull(parse_pull_pattern(read(pattern)), entity)
+        return pulled if any(k != ":db/id" for k in pulled) else None
+
+    def _pull(self, pattern, entity) -> dict:
+        wanted: dict[str, Any] = {}  # key -> None (plain), a nested pattern, or "id"
+        for item in pattern.items:
+            if isinstance(item, PullWildcard):
+                wanted.setdefault(":db/id", "id")
+                for name in sorted(self.attrs):
+                    wanted.setdefault(name, None)
+            elif str.__str__(item.name) == ":db/id":
+                wanted[":db/id"] = "id"
+            else:
+                wanted[str.__str__(item.name)] = item.pattern if isinstance(item, PullNested) else None
+        out: dict[str, Any] = {}
+        for key, nested in wanted.items():
+            if nested == "id":
+                out[key] = entity
+                continue
+            type_, semantics = self.attrs[key]
+            values = sorted({v for (e, v), n in self.facts.get(key, Counter()).items() if e == entity and n > 0})
+            if not values:
+                continue
+            if nested is not None:
+                items = [self._pull(nested, v) or {":db/id": v} for v in values]
+            elif type_ == "ref":
+                items = [{":db/id": v} for v in values]
+            else:
+                items = values
+            out[key] = items[0] if semantics == "one" else items
+        return out
 
     def _conjunction(self, clauses, bindings):
         pending = list(clauses)
@@ -313,6 +355,15 @@ def _aggregate_fn(fn, params, values):
     if fn == "max":
         return max(values)
     raise NotImplementedError(fn)
+
+
+def frozen_pull(value):
+    """A pulled map (plain dicts and lists) as a hashable, order-independent value, to compare rows."""
+    if isinstance(value, dict):
+        return ("map", frozenset((k, frozen_pull(v)) for k, v in value.items()))
+    if isinstance(value, list):
+        return ("list", tuple(frozen_pull(v) for v in value))
+    return value
 
 
 def normalized(counter):

@@ -62,7 +62,7 @@ def test_not_or_rules_and_find_specs():
     ("[:find ?x :where [\"e\" :a ?v]]", "entity position"),
     ("[:find ?x :where (and [?x :a])]", "only allowed as a branch"),
     ("[:find (bogus ?x) :where [?x :a]]", "unknown aggregate"),
-    ("[:find (pull ?x [*]) :where [?x :a]]", "pull expressions"),
+    ("[:find (pull ?x [(:a :limit 1)]) :where [?x :a]]", "attribute expressions such as (:a :limit 1)"),
     ("[:find ?x :in $1 :where [?x :a]]", "only the default source"),
     ("[:find ?x :where [x :a]]", "variables start with '?'"),
     ("[:find ?x :where [(f ?x) ?y ?z]]", "too many elements"),

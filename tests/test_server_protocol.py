@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from factflow.model.pulled import PullMap
 from factflow.server.outbox import Outbox
 from factflow.server.protocol import ProtocolError, encode, parse_frame
 
@@ -50,6 +51,9 @@ def test_bad_requests_name_what_is_wrong(request_, category, message):
 def test_values_are_encoded_as_json():
     instant = dt.datetime(2026, 11, 22, 10, 0)
     assert json.loads(encode({"v": [1, 1.5, "s", True, instant]})) == {"v": [1, 1.5, "s", True, "2026-11-22T10:00:00+00:00"]}
+    pulled = PullMap({":p/name": "Ann", ":p/knows": (PullMap({":p/name": "Bo"}),), ":p/seen": instant})
+    assert json.loads(encode({"v": [pulled]})) == {"v": [{":p/name": "Ann", ":p/knows": [{":p/name": "Bo"}],
+                                                          ":p/seen": "2026-11-22T10:00:00+00:00"}]}
 
 
 def run(coroutine):

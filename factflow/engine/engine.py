@@ -44,11 +44,14 @@ from factflow.engine.granularity import Window, window_seconds
 from factflow.engine.group import plan_runs
 from factflow.engine.install import install
 from factflow.engine.offsets import check_offset
+from factflow.engine.pull import pull_query, pulled
 from factflow.engine.query import Query
 from factflow.engine.reports import EpochReport, SparkJob, engine_stats
 from factflow.engine.session import REQUIRED_SQL_CONF, acquire_session, driver_alive, release_session
 from factflow.engine.state import EngineState
-from factflow.errors import EngineClosedError, ExecutionError, FactflowError, StorageError, TransactionError
+from factflow.errors import (
+    EngineClosedError, ExecutionError, FactflowError, QueryError, StorageError, TransactionError,
+)
 from factflow.io.sinks import CHANGE, Sink, SinkWriter, sinks_of
 from factflow.lang.rules import RuleStore
 from factflow.io.ingest import ingest
@@ -390,6 +393,20 @@ class Engine:
             handle.durable = True
             return handle
 
+    def pull(self, pattern: Any, entity: int) -> dict[str, Any] | None:
+        """Datomic's ``pull``: ``entity`` shaped by ``pattern`` (EDN text or form, such as
+        ``[:person/name {:person/knows [:person/name]}]``) as of the latest closed epoch, as
+        plain dicts and lists (see :mod:`factflow.model.pulled`); None, like Datomic's nil,
+        when the entity has none of the pattern's attributes. It installs the pull as a query
+        and closes it (see :mod:`factflow.engine.pull`); to follow an entity, query the pull."""
+        with self._lock:
+            query = self.query(pull_query(pattern, entity), name=f"pull of {entity}", inputs=[entity])
+            try:
+                return pulled(query.results())
+            finally:
+                query.close()
+
+
     def _install(self, query: str, name: str | None, inputs: Sequence[Any], join: str, semantics: str,
                  sinks: Sequence[Sink] = (), seconds: float | None = None) -> Query:
         dataflow = install(self._state, self.rules, f"factflow-{self._id}-install", query, name, inputs, join,
@@ -401,6 +418,8 @@ class Engine:
                                    lambda: self._deliveries.release(handle))
         self._state.queries[handle.name] = handle
         try:
+            if handle.pulls and seconds:
+                raise QueryError(f"query {handle.name}: granularity is not supported for pull queries yet")
             for each in sinks:
                 self._attach_sink(handle, each)
         except BaseException:
@@ -426,6 +445,8 @@ class Engine:
         a durable query's kept definition gains the sink."""
         with self._lock:
             query._check()
+            if query.pulls:
+                raise QueryError(f"query {query.name}: sinks are not supported for pull queries yet")
             columns = [(name, kind) for _, name, kind in query.output_columns()]
             writer = SinkWriter(self.spark, query.name, sink, columns)
             result = query.frame().withColumnRenamed(DIFF, CHANGE)

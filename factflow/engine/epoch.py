@@ -83,8 +83,7 @@ def run_epoch(state: EngineState, tx: Any, group_prefix: str, epoch_log: list[Ep
                     if any(state.schema.get(a).id in changed for a in q.dataflow.attributes)]
         outputs, kept = state.evaluate([q.dataflow for q in affected],
                                        EpochContext(epoch, state.spark, small=prepared.small),
-                                       subscribed={q.dataflow.result for q in affected if q.has_subscribers})
-        notices = _notices(affected, outputs) + _feed_notices(state, watched)
+                                       subscribed={n for q in affected for n in q.dataflow.outputs(q.has_subscribers)})
         phases["queries"] = time.perf_counter() - mark
         if journal is not None:
             mark = time.perf_counter()
@@ -104,6 +103,7 @@ def run_epoch(state: EngineState, tx: Any, group_prefix: str, epoch_log: list[Ep
         state.rollback(epoch)
         raise
     state.epoch = epoch
+    notices = _notices(affected, outputs) + _feed_notices(state, watched)
     if offsets:
         state.offsets.record(offsets, epoch)
     state.advance(epoch)
@@ -161,9 +161,16 @@ def _feed_notices(state: EngineState, watched: dict[int, pd.DataFrame]) -> list[
 
 
 def _notices(affected: list[Query], outputs: dict[Stateful, pd.DataFrame]) -> list[Notice]:
-    """The consolidated changes of every query with subscribers or sinks whose result changed."""
+    """The consolidated changes of every query with subscribers or sinks whose result changed
+    (computed once the epoch is committed: queries with pulls update their rows on the
+    driver every epoch)."""
     notices = []
     for q in affected:
+        if q.pulls:
+            changes = q.pull_changes(outputs)
+            if changes and q.subscribers:
+                notices.append(Notice(q, q.subscribers, changes))
+            continue
         out = outputs.get(q.dataflow.result)
         if out is not None and q.has_subscribers:
             frame = q.output(out, OUT if OUT in out.columns else DIFF)

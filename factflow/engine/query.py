@@ -4,22 +4,24 @@ from __future__ import annotations
 
 import re
 import threading
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import pandas as pd
 from pyspark.sql import DataFrame
 
 from factflow.arrangement.batch import DIFF
 from factflow.dataflow import zset
-from factflow.dataflow.nodes import Distinct
+from factflow.dataflow.nodes import OUT, Distinct, Stateful
 from factflow.dataflow.zset import ident
 from factflow.engine.definition import QueryDefinition
 from factflow.engine.granularity import Window
+from factflow.engine.pull import PullView
 from factflow.engine.history import changes_sql, oldest_available
 from factflow.engine.rows import changes_from_frame, consolidated, python_rows
 from factflow.errors import EngineClosedError, HistoryCompactedError, QueryError
 from factflow.io.sinks import CHANGE, Sink, SinkWriter
 from factflow.model.types import Kind
+from factflow.lang.ast import Pull
 from factflow.planner.synthesis import Dataflow
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -43,7 +45,9 @@ class Query:
     - scalar ``[:find ?a .]``: one value, or None when the result is empty.
 
     Where a tuple or scalar query has several rows, the smallest is returned (Datomic
-    returns an arbitrary one; factflow keeps it deterministic).
+    returns an arbitrary one; factflow keeps it deterministic). A pull expression's
+    position holds a :class:`factflow.PullMap` (see :mod:`factflow.engine.pull`); rows with
+    pulls are kept on the driver, so reading them runs no Spark job.
     ``subscribe(fn)`` calls ``fn(epoch, [(row, diff), ...])`` after every epoch in which
     the result changed; summing the diffs from the install epoch on gives ``results()``.
     ``changes_frame(since)`` gives those changes as a Spark DataFrame, ``write_to(path)``
@@ -76,6 +80,13 @@ class Query:
         #: the granularity window holding changes back (None: every epoch is delivered)
         self.window: Window | None = None
         self.closed = False
+        self._pull = PullView(dataflow) if dataflow.pulls else None
+        if self._pull is not None:
+            try:
+                self._pull.load(engine.spark, installed_at, self._current_sql())
+            except BaseException:
+                dataflow.close()
+                raise
 
     @property
     def columns(self) -> list[str]:
@@ -96,6 +107,9 @@ class Query:
         """The result as of the latest closed epoch as ``{row_tuple: multiplicity}``, whatever
         the find spec (read under the engine lock, see the class docs)."""
         with self._lock:
+            if self._pull is not None:
+                self._check()
+                return self._pull.results()
             frame = self._engine.spark.sql(self._current_sql())
             self._engine.spark.sparkContext.setJobDescription(f"results of {self.name}")
             data = frame.toArrow().to_pandas()
@@ -243,6 +257,18 @@ class Query:
             changes = list(zip(self._decode([row for row, _ in changes]), [d for _, d in changes]))
         return changes
 
+    @property
+    def pulls(self) -> bool:
+        """Whether the result holds pulled entities (kept on the driver, see :mod:`factflow.engine.pull`)."""
+        return self._pull is not None
+
+    def pull_changes(self, outputs: Mapping[Stateful, pd.DataFrame]) -> list[tuple[tuple, int]]:
+        """A query with pulls: bring its rows on the driver up to date with the outputs the
+        evaluation fetched (see :meth:`Dataflow.outputs`) and return the epoch's changes."""
+        out = outputs.get(self.dataflow.result)
+        changes = self.changes(out, OUT if OUT in out.columns else DIFF) if out is not None else []
+        return self._pull.apply(changes, outputs)
+
     def explain(self) -> str:
         """A readable description of the plan: strategy, operators, the state they hold (read under the engine lock)."""
         with self._lock:
@@ -265,8 +291,10 @@ class Query:
 
 
 def _frame_column(element) -> str:
-    """A DataFrame column name for a find element: ``?x`` -> ``x``, ``(count ?x)`` -> ``count_x``."""
-    text = str(element).strip("()").replace("?", "")
+    """A DataFrame column name for a find element: ``?x`` -> ``x``, ``(count ?x)`` -> ``count_x``,
+    ``(pull ?e [...])`` -> ``pull_e`` (the entity ids)."""
+    text = f"pull {element.var}" if isinstance(element, Pull) else str(element)
+    text = text.strip("()").replace("?", "")
     return re.sub(r"[^A-Za-z0-9]+", "_", text).strip("_")
 
 

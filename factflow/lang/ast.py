@@ -14,7 +14,7 @@ from factflow.edn import Keyword, write
 __all__ = [
     "Var", "Blank", "Const", "Term", "Pattern", "Predicate", "FnCall", "RuleCall", "Not", "Or",
     "Clause", "BindScalar", "BindTuple", "BindColl", "BindRel", "Binding", "FindVar", "Aggregate",
-    "FindElement", "FindSpec", "InSource", "InRules", "InBinding", "Input", "Query", "Rule",
+    "PullAttr", "PullWildcard", "PullNested", "PullItem", "PullPattern", "Pull", "FindElement", "FindSpec", "InSource", "InRules", "InBinding", "Input", "Query", "Rule",
     "term_vars", "clause_vars", "binding_vars", "show",
 ]
 
@@ -174,7 +174,61 @@ class Aggregate:
         return f"({inner})"
 
 
-FindElement = Union[FindVar, Aggregate]
+@dataclass(frozen=True)
+class PullAttr:
+    """An attribute in a pull pattern, such as ``:person/name`` (or ``:db/id``)."""
+
+    name: Keyword
+
+    def __str__(self) -> str:
+        return str.__str__(self.name)
+
+
+@dataclass(frozen=True)
+class PullWildcard:
+    """``*`` in a pull pattern: every attribute of the entity."""
+
+    def __str__(self) -> str:
+        return "*"
+
+
+@dataclass(frozen=True)
+class PullNested:
+    """A map entry ``{:ref/attr [...]}`` of a pull pattern: the referenced entities, pulled with ``pattern``."""
+
+    name: Keyword
+    pattern: "PullPattern"
+
+    def __str__(self) -> str:
+        return f"{{{str.__str__(self.name)} {self.pattern}}}"
+
+
+PullItem = Union[PullAttr, PullWildcard, PullNested]
+
+
+@dataclass(frozen=True)
+class PullPattern:
+    """A pull pattern ``[item ...]`` (Datomic's pull syntax)."""
+
+    items: tuple[PullItem, ...]
+
+    def __str__(self) -> str:
+        return "[" + " ".join(str(i) for i in self.items) + "]"
+
+
+@dataclass(frozen=True)
+class Pull:
+    """A pull expression in ``:find``: ``(pull ?e [...])``, the entity bound to ``var`` shaped by ``pattern``."""
+
+    var: Var
+    pattern: PullPattern
+    form: Any = _form_field()
+
+    def __str__(self) -> str:
+        return f"(pull {self.var.name} {self.pattern})"
+
+
+FindElement = Union[FindVar, Aggregate, Pull]
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from factflow.lang.ast import (
     FindVar, FnCall, InBinding, InRules, InSource, Input, Not, Or, Pattern, Predicate, Query, Rule,
     RuleCall, Term, Var,
 )
+from factflow.lang.pull import parse_pull
 
 __all__ = ["parse_query", "parse_rules", "AGGREGATES"]
 
@@ -267,7 +268,7 @@ def _find_element(form: Any):
     if isinstance(form, EdnList) and form and isinstance(form[0], Symbol):
         name = str.__str__(form[0])
         if name == "pull":
-            raise _err(f"pull expressions are not supported: {write(form)}", form)
+            return parse_pull(form)
         if name not in AGGREGATES:
             raise _err(f"unknown aggregate {name} in {write(form)}; known: {', '.join(sorted(AGGREGATES))}", form)
         args = list(form[1:])

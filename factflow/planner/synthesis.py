@@ -15,11 +15,12 @@ from factflow.dataflow.recursion import Fixpoint
 from factflow.dataflow.nodes import Arranged, Distinct, Node, Project, Stateful, Static
 from factflow.errors import QueryError
 from factflow.lang.ast import (
-    Aggregate, BindScalar, Blank, Const, FindElement, FindVar, FnCall, Pattern, Query, Var, binding_vars, show,
+    Aggregate, BindScalar, Blank, Const, FindElement, FindVar, FnCall, Pattern, Pull, Query, Var, binding_vars, show,
     term_vars,
 )
 from factflow.planner.conjunction import Scope, pattern_kinds, plan_conjunction
 from factflow.planner.context import PlanContext
+from factflow.planner.pull import PullPlan, plan_pull
 from factflow.planner.relations import binding_rows, static_relation
 from factflow.planner.shared import SharedRule
 from factflow.planner.strategy import requested_strategy
@@ -31,7 +32,8 @@ class Dataflow:
     """A synthesized query: its operators, the state they hold, and its result operator."""
 
     def __init__(self, pc: PlanContext, result: Stateful, find: list[tuple[FindElement, str]], strategy: str,
-                 requested: str, find_kind: str = "rel", decoders: dict[str, Callable] | None = None):
+                 requested: str, find_kind: str = "rel", decoders: dict[str, Callable] | None = None,
+                 pulls: Sequence[PullPlan] = ()):
         self.pc = pc
         self.name = pc.name
         self.result = result
@@ -41,9 +43,24 @@ class Dataflow:
         self.strategy = strategy
         self.requested_strategy = requested
         self.semantics = pc.semantics
-        self.nodes: list[Node] = result.walk()
+        #: the pull expressions of :find, whose stages are maintained beside the result
+        self.pulls = list(pulls)
+        self.nodes: list[Node] = list({id(n): n for root in [result, *self.pull_nodes()] for n in root.walk()}
+                                      .values())
         self.stateful: list[Node] = [n for n in self.nodes if isinstance(n, (Stateful, Fixpoint))]
         self.attributes = set(pc.attributes)
+
+    def pull_nodes(self) -> list[Stateful]:
+        """The stateful operators of every pull stage (see :mod:`factflow.planner.pull`)."""
+        return [n for p in self.pulls for n in p.nodes()]
+
+    def outputs(self, subscribed: bool) -> list[Stateful]:
+        """The operators whose changes an epoch must fetch for this query: the result when
+        someone subscribes; with pulls, the result and every stage (their rows on the driver
+        are kept up to date whether or not anyone subscribes)."""
+        if self.pulls:
+            return [self.result, *self.pull_nodes()]
+        return [self.result] if subscribed else []
 
     @property
     def report_columns(self) -> list[str]:
@@ -93,6 +110,11 @@ class Dataflow:
                 render(child, depth + 1)
 
         render(self.result, 0)
+        for pull in self.pulls:
+            lines.append(f"  pull {pull.element} (entities from {pull.column}):")
+            for path in pull.paths.values():
+                lines.append(f"    stage {path.label}")
+                render(path.node, 1)
         return "\n".join(lines)
 
     def close(self) -> None:
@@ -166,10 +188,13 @@ def synthesize(query: Query, inputs: Sequence[Any], pc: PlanContext, join: str) 
     sources = _bind_inputs(query, inputs, scope, pc)
     root = plan_conjunction(query.where, sources, scope, pc)
     strategy = pc.strategy_of("query")
-    find_vars = [e.var for e in query.find.elements if isinstance(e, FindVar)]
+    find_vars = [e.var for e in query.find.elements if isinstance(e, (FindVar, Pull))]
     if len(set(find_vars)) != len(find_vars):
-        raise QueryError(":find names a variable twice")
+        raise QueryError(":find names a variable twice (a pull of ?e holds its id when the pattern has :db/id)")
     aggregates = [e for e in query.find.elements if isinstance(e, Aggregate)]
+    pulls = [e for e in query.find.elements if isinstance(e, Pull)]
+    if pulls and aggregates:
+        raise QueryError(f"{pulls[0]} cannot be combined with aggregates in :find")
     output = list(dict.fromkeys(find_vars + [a.var for a in aggregates] + list(query.with_vars)))
     for v in output:
         if scope.col(v) not in root.names:
@@ -183,8 +208,9 @@ def synthesize(query: Query, inputs: Sequence[Any], pc: PlanContext, join: str) 
     result: Stateful = (Distinct(projected, trace, pc.name, role="result") if needs_distinct
                         else Arranged(projected, trace, pc.name))
     result.role = "result"
-    find = [(FindVar(v), scope.col(v)) for v in find_vars]
-    return Dataflow(pc, result, find, strategy, join, query.find.kind)
+    find = [(e if isinstance(e, Pull) else FindVar(e.var), scope.col(e.var)) for e in query.find.elements]
+    stages = [plan_pull(p, root, result, scope, pc) for p in pulls]
+    return Dataflow(pc, result, find, strategy, join, query.find.kind, pulls=stages)
 
 
 def _aggregation(query: Query, pc: PlanContext, scope: Scope, projected: Node, find_vars: list[Var],

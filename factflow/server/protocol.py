@@ -13,6 +13,7 @@ import datetime as _dt
 import json
 import math
 from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
 from factflow.errors import FactflowError
@@ -165,6 +166,8 @@ def _json_value(value: Any) -> Any:
         return value.item()
     if isinstance(value, (set, frozenset, tuple)):
         return list(value)
+    if isinstance(value, Mapping):  # a pulled entity (factflow.PullMap)
+        return dict(value)
     raise TypeError(f"cannot encode {type(value).__name__} as JSON")
 
 

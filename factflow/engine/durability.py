@@ -109,7 +109,7 @@ class CheckpointReport:
 class _Snapshot:
     epoch: int
     segment: int
-    attributes: list[tuple[str, str, str]]
+    attributes: list[tuple[str, str, str, dict[str, str]]]
     rules: list[str]
     queries: list[dict]
     offsets: dict[str, list[list[int]]]
@@ -147,8 +147,8 @@ class Durability:
             recovered = store.recover()
             read = time.perf_counter() - started
             durability = cls(store, state, rules, config, engine_id)
-            for name, value_type, semantics in recovered.attributes:
-                state.schema.create(name, value_type, semantics)
+            for name, value_type, semantics, settings in recovered.attributes:
+                state.schema.create(name, value_type, semantics, reserved=True, **settings)
             for text in recovered.rules:
                 rules.register(text)
             state.offsets.load(recovered.offsets)
@@ -205,7 +205,8 @@ class Durability:
     # ------------------------------------------------------------ the log
     def log_attribute(self, attribute: Attribute) -> None:
         """Log a new attribute (before it is added)."""
-        self.store.log_attribute(attribute.id, str.__str__(attribute.name), attribute.value_type, attribute.semantics)
+        self.store.log_attribute(attribute.id, str.__str__(attribute.name), attribute.value_type, attribute.semantics,
+                                 attribute.settings)
 
     def log_rules(self, text: str) -> None:
         """Log rules that add something (before they are stored)."""
@@ -294,7 +295,7 @@ class Durability:
                 batch.pin()
             batches[aid] = (arrangement.attribute.kind, held)
         snapshot = _Snapshot(state.epoch, segment,
-                             [(str.__str__(a.name), a.value_type, a.semantics) for a in state.schema],
+                             [(str.__str__(a.name), a.value_type, a.semantics, a.settings) for a in state.schema],
                              list(self.rules.texts), [d.to_json() for d in state.durable_queries()],
                              state.offsets.to_json(), batches)
         snapshot.pause = time.perf_counter() - started

@@ -120,13 +120,20 @@ class Engine:
         """The attributes defined so far."""
         return self._state.schema
 
-    def create_attribute(self, name: str, type: str = "string", semantics: str = "set") -> Attribute:
+    def create_attribute(self, name: str, type: str = "string", semantics: str = "set", index: str = "both",
+                         support: str = "wco") -> Attribute:
         """Define an attribute: ``type`` is long, double, string, boolean, ref or instant;
-        ``semantics`` is set (default), raw (multiset) or one (cardinality one)."""
+        ``semantics`` is set (default), raw (multiset) or one (cardinality one).
+
+        ``index`` is both (default: a reverse index v->e is built when a query looks up by
+        value) or forward (e->v only; lookups by value scan it); ``support`` is wco
+        (default: every join strategy, count indexes built on demand), delta (no count
+        indexes: binary and delta joins) or basic (binary joins only). See
+        :mod:`factflow.planner.strategy` for how queries respect them."""
         with self._lock:
             self._check_open()
             logged = self._durability.log_attribute if self._durability else None
-            attribute = self._state.schema.create(name, type, semantics, log=logged)
+            attribute = self._state.schema.create(name, type, semantics, log=logged, index=index, support=support)
             self._state.arrange(attribute)
             return attribute
 

@@ -228,6 +228,8 @@ class Durability:
         large: list[tuple[int, Kind, DataFrame, int]] = []
         for aid in sorted(changed):
             arrangement = self.state.arrangements[aid]
+            if arrangement.attribute.reserved:  # introspection facts describe this process only
+                continue
             kind = arrangement.attribute.kind
             for batch in arrangement.forward.batches_between(epoch, epoch + 1):
                 if batch.is_local:
@@ -290,6 +292,8 @@ class Durability:
         self._idle.clear()
         batches = {}
         for aid, arrangement in state.arrangements.items():
+            if arrangement.attribute.reserved:
+                continue
             held = list(arrangement.forward.batches)
             for batch in held:
                 batch.pin()

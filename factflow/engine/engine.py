@@ -39,6 +39,7 @@ from factflow.engine.epoch import run_epoch, run_maintenance
 from factflow.engine.feeds import AttributeSubscriber
 from factflow.engine.group import plan_runs
 from factflow.engine.install import install
+from factflow.engine.introspection import Introspection
 from factflow.engine.offsets import check_offset
 from factflow.engine.query import Query
 from factflow.engine.reports import EpochReport, SparkJob, engine_stats
@@ -73,10 +74,14 @@ class Engine:
     opening recovered is in :attr:`recovery`. Without ``state_dir`` the engine keeps its
     files (index files of stored batches) in a temporary directory that ``close()``
     removes, and nothing survives it.
+
+    ``introspection=True`` maintains the engine's activity as facts of reserved
+    ``:factflow.*`` attributes that queries read, one epoch behind (see
+    :mod:`factflow.engine.introspection`).
     """
 
     def __init__(self, spark: SparkSession | None = None, master: str | None = None,
-                 state_dir: str | None = None, config: EngineConfig | None = None):
+                 state_dir: str | None = None, config: EngineConfig | None = None, introspection: bool = False):
         self._holds_session = spark is None
         self.spark = spark if spark is not None else acquire_session(master=master)
         for key, value in REQUIRED_SQL_CONF.items():
@@ -107,6 +112,12 @@ class Engine:
                     release_session(self.spark)
                 raise
             self.recovery = self._durability.recovery
+        self._introspection = Introspection(
+            self._state.schema, self._durability.log_attribute if self._durability else None) if introspection else None
+        if self._introspection is not None:
+            for attribute in self._state.schema:
+                self._state.arrange(attribute)
+        if state_dir:
             self._restore_queries()
 
     # ------------------------------------------------------------ schema and rules
@@ -192,8 +203,7 @@ class Engine:
                 applied = self._state.offsets.applied(*checked)
                 if applied is not None:
                     return applied
-            return run_epoch(self._state, tx, self._group, self.epoch_log, self._deliveries,
-                             dict([checked]) if checked else None, self._journal)
+            return self._run_epoch(tx, dict([checked]) if checked else None)
 
         return self._committing(run)
 
@@ -257,8 +267,7 @@ class Engine:
                 source, offset = sources[member]
                 offsets[source] = max(offset, offsets.get(source, offset))
         try:
-            epoch = run_epoch(self._state, transaction.combine([checked[p] for p in members]), self._group,
-                              self.epoch_log, self._deliveries, offsets or None, self._journal)
+            epoch = self._run_epoch(transaction.combine([checked[p] for p in members]), offsets or None)
         except TransactionError as exc:
             if len(members) == 1:
                 outcomes[members[0]] = exc
@@ -274,6 +283,15 @@ class Engine:
             return
         for member in members:
             outcomes[member] = epoch
+
+    def _run_epoch(self, tx: Any, offsets: dict[str, int] | None) -> int:
+        """One epoch of ``tx``, carrying the introspection facts of the epochs before it."""
+        step = self._introspection.step(self._state, self.epoch_log) if self._introspection else None
+        epoch = run_epoch(self._state, tx, self._group, self.epoch_log, self._deliveries, offsets, self._journal,
+                          step.ops if step else None)
+        if step is not None:
+            step.commit()
+        return epoch
 
     @property
     def durable(self) -> bool:
@@ -327,7 +345,7 @@ class Engine:
 
     # ------------------------------------------------------------ queries
     def query(self, query: str, name: str | None = None, inputs: Sequence[Any] = (), join: str = "auto",
-              semantics: str = "set", durable: bool = False) -> Query:
+              semantics: str = "set", durable: bool = False, introspect: bool = True) -> Query:
         """Register and install a query (interest): its dataflow reads the state as of now.
 
         ``inputs`` supply the ``:in`` bindings after ``$``; ``join`` picks the join strategy
@@ -340,11 +358,16 @@ class Engine:
         a durable query that is installed already with the same definition returns it, so
         a program that installs its durable queries at start runs unchanged after a restart.
         ``Query.close()`` drops a durable query for good; ``Engine.close()`` keeps it.
+
+        ``introspect=False`` leaves the query and its private arrangements out of the
+        introspection facts of ``Engine(introspection=True)`` (not kept with a durable query).
         """
         with self._lock:
             self._check_open()
             if not durable:
-                return self._install(query, name, inputs, join, semantics)
+                handle = self._install(query, name, inputs, join, semantics)
+                handle.introspect = introspect
+                return handle
             if self._durability is None:
                 raise StorageError("durable=True needs an engine with a state_dir: there is nowhere to keep the query")
             definition = QueryDefinition.of(name or "", query, inputs, join, semantics)
@@ -361,6 +384,7 @@ class Engine:
                     self._uninstall(handle)
                 raise
             handle.durable = True
+            handle.introspect = introspect
             return handle
 
     def _install(self, query: str, name: str | None, inputs: Sequence[Any], join: str, semantics: str) -> Query:

@@ -46,8 +46,8 @@ def test_introspection_facts_equal_stats_and_the_epoch_log_one_epoch_behind(spar
                  (("arrangements", ARRANGEMENTS), ("queries", QUERIES), ("epochs", EPOCHS), ("per-query", PER_QUERY))}
         rng = random.Random(7)
         present: set[tuple[int, int]] = set()
-        for step in range(5):
-            if step == 3:
+        for step in range(4):
+            if step == 2:
                 triangles.close()  # its entity and arrangements are retracted with the next epoch
             stats, reports = db.stats(), list(db.epoch_log)
             adds = {(rng.randrange(5), rng.randrange(5)) for _ in range(5)} - present
@@ -63,8 +63,9 @@ def test_introspection_facts_equal_stats_and_the_epoch_log_one_epoch_behind(spar
             assert views["epochs"].rows() == {(r.epoch, r.seconds, len(r.jobs), r.changes, r.operations): 1
                                               for r in reports}, step
             assert "hidden" not in {row[0] for row in views["queries"].rows()}
-            assert ("triangles" in {row[0] for row in views["queries"].rows()}) == (step < 3)
-        assert hidden.rows() == {}  or all(len(r) == 3 for r in hidden.rows())
+            assert ("triangles" in {row[0] for row in views["queries"].rows()}) == (step < 2)
+        triangles = {(a, b, c): 1 for a, b in present for b2, c in present if b2 == b and (a, c) in present}
+        assert hidden.rows() == triangles  # left out of the facts, maintained all the same
     finally:
         db.close()
 

@@ -5,7 +5,8 @@ files; docs/storage.md describes them). What is logged is what the arrangements 
 nothing else:
 
 * *catalog records*, written before ``create_attribute`` or ``register`` returns: a new
-  attribute with its type and semantics, the EDN text of rules that added something;
+  attribute with its type, semantics and settings (``index``, ``support``), the EDN text
+  of rules that added something;
 * one *epoch record* per committed epoch, written after its queries are evaluated and
   before it commits (so before any subscriber, and before ``transact`` returns): the
   epoch's **effective changes** per attribute (what it appended to each forward index,
@@ -14,7 +15,9 @@ nothing else:
   travel inside the record as Arrow IPC; large ones (a stored batch) are written as
   Parquet files by Spark tasks first and the record references them with checksums.
   An epoch whose record cannot be written is rolled back, so every acknowledged epoch is
-  in the log and every logged epoch was (or was about to be) committed.
+  in the log and every logged epoch was (or was about to be) committed. The facts of
+  reserved (introspection) attributes are neither logged nor checkpointed: they describe
+  the process that made them (:mod:`factflow.engine.introspection`).
 
 A *checkpoint* is every attribute's facts as of an epoch ``E`` (the forward index
 consolidated: each fact once, with its multiplicity), the catalog and the offsets. It

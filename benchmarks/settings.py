@@ -110,16 +110,8 @@ def introspection_run(spark, epochs: int, introspection: bool, reader: bool) -> 
     return figures
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--epochs", type=int, default=None, help="epochs per engine (default 12, quick 4)")
-    parser.add_argument("--node", type=int, default=0, help="the node whose triangles the query finds")
-    parser.add_argument("--changes", type=int, default=20, help="edge changes per Facebook epoch")
-    parser.add_argument("--quick", action="store_true", help="smoke run: 4 epochs, first 20,000 lines")
-    args = parser.parse_args()
-    epochs = args.epochs or (4 if args.quick else 12)
-    spark = engine_session()
-    print("session:", describe_session(spark), flush=True)
+def memory_part(spark, args, epochs: int) -> dict:
+    """Measurement 1: the query under every setting (results checked equal)."""
     graph = read_edges(spark, os.path.join(GRAPHS, "facebook_combined.txt"))
     if args.quick:
         graph = graph.limit(20_000)
@@ -128,23 +120,45 @@ def main() -> None:
     plan = change_plan(edges, epochs, args.changes, seed=11)
     print(f"facebook_combined: {len(edges):,} edges; triangles at node {args.node}", flush=True)
     runs = {f"{i}/{s}": settings_run(spark, graph, plan, args.node, i, s) for i, s in SETTINGS}
+    graph.unpersist()
     results = [r["result"] for r in runs.values()]
     assert all(r == results[0] for r in results), "the settings gave different results"
     memory = {k: r["figures"] for k, r in runs.items()}
     default = memory["both/wco"]
-    for k, f in memory.items():
+    for f in memory.values():
         f["shared_tuples_vs_default"] = round(f["shared_tuples"] / default["shared_tuples"], 3)
         f["bytes_vs_default"] = round(f["bytes"]["total"] / default["bytes"]["total"], 3) \
             if default["bytes"]["total"] else None
-    print("introspection (LDBC, 5 queries, 1-change epochs):", flush=True)
-    cost = {"off": introspection_run(spark, epochs, False, False),
-            "on": introspection_run(spark, epochs, True, False),
-            "on_with_reader": introspection_run(spark, epochs, True, True)}
-    for key in ("on", "on_with_reader"):
-        cost[f"{key}_transact_ratio_to_off"] = round(cost[key]["transact_median_s"] / cost["off"]["transact_median_s"], 2)
-    figures = {"epochs": epochs, "facebook_edges": len(edges), "node": args.node, "result_rows": len(results[0]),
-               "memory_by_setting": memory, "introspection": cost, "session": describe_session(spark)}
-    report("settings" + ("-quick" if args.quick else ""), machine_facts(spark), figures)
+    return {"facebook_edges": len(edges), "node": args.node, "result_rows": len(results[0]),
+            "memory_by_setting": memory}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--epochs", type=int, default=None, help="epochs per engine (default 12, quick 4)")
+    parser.add_argument("--node", type=int, default=0, help="the node whose triangles the query finds")
+    parser.add_argument("--changes", type=int, default=20, help="edge changes per Facebook epoch")
+    parser.add_argument("--quick", action="store_true", help="smoke run: 4 epochs, first 20,000 lines")
+    parser.add_argument("--part", choices=("both", "memory", "introspection"), default="both",
+                        help="run only one of the two measurements")
+    args = parser.parse_args()
+    epochs = args.epochs or (4 if args.quick else 12)
+    spark = engine_session()
+    print("session:", describe_session(spark), flush=True)
+    figures = {"epochs": epochs, "session": describe_session(spark)}
+    if args.part in ("both", "memory"):
+        figures.update(memory_part(spark, args, epochs))
+    if args.part in ("both", "introspection"):
+        print("introspection (LDBC, 5 queries, 1-change epochs):", flush=True)
+        cost = {"off": introspection_run(spark, epochs, False, False),
+                "on": introspection_run(spark, epochs, True, False),
+                "on_with_reader": introspection_run(spark, epochs, True, True)}
+        for key in ("on", "on_with_reader"):
+            cost[f"{key}_transact_ratio_to_off"] = round(
+                cost[key]["transact_median_s"] / cost["off"]["transact_median_s"], 2)
+        figures["introspection"] = cost
+    suffix = ("" if args.part == "both" else f"-{args.part}") + ("-quick" if args.quick else "")
+    report("settings" + suffix, machine_facts(spark), figures)
 
 
 if __name__ == "__main__":

@@ -288,7 +288,7 @@ class Engine:
         """One epoch of ``tx``, carrying the introspection facts of the epochs before it."""
         step = self._introspection.step(self._state, self.epoch_log) if self._introspection else None
         epoch = run_epoch(self._state, tx, self._group, self.epoch_log, self._deliveries, offsets, self._journal,
-                          step.ops if step else None)
+                          step.changes if step else None)
         if step is not None:
             step.commit()
         return epoch

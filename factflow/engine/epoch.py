@@ -56,13 +56,13 @@ Journal = Callable[[int, dict[int, int], dict[str, int]], None]
 
 def run_epoch(state: EngineState, tx: Any, group_prefix: str, epoch_log: list[EpochReport],
               deliveries: Deliveries, offsets: dict[str, int] | None = None, journal: Journal | None = None,
-              extra: transaction.WideOps | None = None) -> int:
+              known: dict[int, pd.DataFrame] | None = None) -> int:
     """Apply ``tx`` as the next epoch of ``state`` (jobs in the group ``<group_prefix>-<epoch>``),
     queue its changes on ``deliveries``, append its report to ``epoch_log`` and return the epoch.
 
-    ``extra`` are the engine's own operations on reserved attributes (introspection), applied
-    with ``tx``; ``tx`` itself may not write reserved attributes. The report's
-    ``operations`` counts ``tx`` only, its ``changes`` both.
+    ``known`` are the engine's own effective changes of reserved attributes
+    (introspection), appended with ``tx``'s (see :func:`apply_changes`); ``tx`` itself may
+    not write reserved attributes. The report's ``changes`` count both.
 
     ``offsets`` (``{source: offset}``) are recorded with the epoch; ``journal(epoch,
     changed, offsets)``, when given, makes the epoch durable before it commits (its
@@ -85,10 +85,7 @@ def run_epoch(state: EngineState, tx: Any, group_prefix: str, epoch_log: list[Ep
         if reserved is not None:
             raise TransactionError(f"attribute {reserved.name} is maintained by the engine (introspection); "
                                    "transactions cannot write it")
-        operations = prepared.rows
-        if extra is not None:
-            prepared = transaction.extend(prepared, extra, spark)
-        changed, watched = apply_changes(state, prepared, epoch)
+        changed, watched = apply_changes(state, prepared, epoch, known)
         phases["changes"] = time.perf_counter() - started
         mark = time.perf_counter()
         affected = [q for q in state.queries.values()
@@ -121,7 +118,7 @@ def run_epoch(state: EngineState, tx: Any, group_prefix: str, epoch_log: list[Ep
     state.advance(epoch)
     deliveries.put(epoch, notices)
     state.defer_maintenance(epoch, changed, affected)
-    report = EpochReport(epoch, operations, sum(changed.values()), [q.name for q in affected],
+    report = EpochReport(epoch, prepared.rows, sum(changed.values()), [q.name for q in affected],
                          spark_jobs(spark, group), time.perf_counter() - started, phases, kept_in_spark=kept)
     epoch_log.append(report)
     if log.isEnabledFor(logging.INFO):

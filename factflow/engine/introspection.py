@@ -20,7 +20,9 @@ applied as part of epoch ``E + 1``'s transaction. A query over them therefore la
 epoch, epoch numbers stay the user's (introspection never runs an epoch of its own), and
 nothing loops: facts produced by an epoch are only ever described by a later one, which
 runs only when the user transacts. Values come from :func:`engine_stats` and the epoch
-reports, which the driver already holds (no Spark job). Arrangements and queries that go
+reports, which the driver already holds, and so are their effective changes (the engine
+knows what it asserted): they are appended to the arrangements as they are, without
+validation or a Spark job (:func:`factflow.engine.apply.apply_changes`). Arrangements and queries that go
 away are retracted; epoch entities are kept, like ``db.epoch_log``. A query installed
 with ``introspect=False`` is left out (its entity and its private arrangements). Shared
 rule relations are not described (see ``stats()["shared_rules"]``).
@@ -32,12 +34,16 @@ checkpoints them (the attributes themselves are in its catalog).
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
-from factflow.engine import transaction
+import pandas as pd
+
+from factflow.arrangement.batch import DIFF
 from factflow.engine.reports import EpochReport, engine_stats
 from factflow.model.schema import Schema
+from factflow.model.types import Kind
 
 if TYPE_CHECKING:  # pragma: no cover
     from factflow.engine.state import EngineState
@@ -68,10 +74,11 @@ Facts = dict[tuple[int, str], Any]  # (entity, attribute) -> value
 
 @dataclass
 class IntrospectionStep:
-    """The introspection operations to add to one epoch, and the facts held once it commits."""
+    """The introspection changes to append with one epoch, and the facts held once it commits."""
 
     owner: "Introspection"
-    ops: transaction.WideOps | None
+    changes: dict[int, pd.DataFrame]
+    """Effective changes ``(e, v, _diff)`` per attribute id (see :func:`factflow.engine.apply.apply_changes`)."""
     facts: Facts
     reported: int
 
@@ -119,10 +126,24 @@ class Introspection:
                 if report.operations is not None:
                     epochs[(entity, ":factflow.epoch/operations")] = report.operations
                 reported = max(reported, report.epoch)
-        ops = [[":db/add", e, a, v] for (e, a), v in facts.items() if self.held.get((e, a)) != v]
-        ops += [[":db/retract", e, a, v] for (e, a), v in self.held.items() if (e, a) not in facts]
-        ops += [[":db/add", e, a, v] for (e, a), v in epochs.items()]
-        return IntrospectionStep(self, transaction.read_ops(ops, self.schema) if ops else None, facts, reported)
+        # the facts the engine holds are known exactly, so are the effective changes
+        rows: dict[str, list[tuple[int, Any, int]]] = defaultdict(list)
+        for (e, a), old in self.held.items():
+            if facts.get((e, a)) != old:
+                rows[a].append((e, old, -1))
+        for (e, a), new in facts.items():
+            if self.held.get((e, a)) != new:
+                rows[a].append((e, new, 1))
+        for (e, a), new in epochs.items():
+            rows[a].append((e, new, 1))
+        changes = {self.schema.get(a).id: self._frame(a, r) for a, r in rows.items()}
+        return IntrospectionStep(self, changes, facts, reported)
+
+    def _frame(self, attribute: str, rows: list[tuple[int, Any, int]]) -> pd.DataFrame:
+        kind = self.schema.get(attribute).kind
+        values = pd.Series([v for _, v, _ in rows], dtype={Kind.LONG: "int64", Kind.DOUBLE: "float64"}.get(kind, object))
+        return pd.DataFrame({"e": pd.Series([e for e, _, _ in rows], dtype="int64"), "v": values,
+                             DIFF: pd.Series([d for _, _, d in rows], dtype="int64")})
 
     def _entity(self, kind: str, name: str) -> int:
         return self._ids.setdefault((kind, name), ENTITY_BASE + len(self._ids))

@@ -36,7 +36,7 @@ from factflow.model.schema import Attribute, Schema
 from factflow.dataflow.statement import Statement
 from factflow.model.types import Kind, coerce_value, python_type_name, spark_type, sql_type
 
-__all__ = ["PreparedTransaction", "WideOps", "prepare", "read_ops", "combine", "extend", "effective_changes", "format_errors", "SLOT", "TX_SCHEMA", "ERR"]
+__all__ = ["PreparedTransaction", "WideOps", "prepare", "read_ops", "combine", "effective_changes", "format_errors", "SLOT", "TX_SCHEMA", "ERR"]
 
 SLOT = {Kind.LONG: "vl", Kind.DOUBLE: "vd", Kind.STRING: "vs", Kind.BOOLEAN: "vb", Kind.INSTANT: "vt"}
 ERR = "err"
@@ -148,19 +148,6 @@ def combine(parts: Sequence[WideOps]) -> WideOps:
     column = {name: [x for part in parts for x in part.frame[name].tolist()] for name in ["a", "e", "op", *SLOT.values()]}
     frame = _wide_pandas(column["a"], column["e"], column["op"], {k: column[SLOT[k]] for k in Kind})
     return WideOps(frame, list(attributes.values()))
-
-
-def extend(prepared: PreparedTransaction, extra: WideOps, spark: SparkSession) -> PreparedTransaction:
-    """``prepared`` with the checked operations ``extra`` added, on attributes it does not
-    touch (the engine's own facts: see :mod:`factflow.engine.introspection`)."""
-    frame = spark_frame(spark, extra.frame, TX_SCHEMA)
-    if prepared.rows is None:  # bulk input carries the columns of its input checks
-        frame = frame.select("*", *(F.lit(False).alias(c) for c in ("_v_null", "_e_null", "_added_null")),
-                             F.lit(None).cast("string").alias("_v_text"))
-    entities = None if prepared.entities is None else {**prepared.entities, **_entities_by_attribute(extra.frame)}
-    rows = None if prepared.rows is None else prepared.rows + len(extra.frame)
-    return PreparedTransaction(prepared.frame.unionByName(frame), prepared.attributes + extra.attributes, rows,
-                               prepared.small, entities)
 
 
 def _from_wide(wide: WideOps, spark: SparkSession, local_limit: int) -> PreparedTransaction:

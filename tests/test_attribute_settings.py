@@ -16,8 +16,8 @@ from oracle import Oracle, normalized
 
 SETTINGS = [(index, support) for index in ("both", "forward") for support in ("wco", "delta", "basic")]
 JOINS = ("binary", "delta", "wco", "auto")
-# cyclic (auto picks wco where the attribute supports it), with a lookup by a constant value
-QUERY = "[:find ?a ?b ?c :where [?a {a} ?b] [?b {a} ?c] [?a {a} ?c] [?c {a} 3]]"
+# cyclic (auto picks wco where the attribute supports it); its joins look up both sides
+QUERY = "[:find ?a ?b ?c :where [?a {a} ?b] [?b {a} ?c] [?a {a} ?c]]"
 
 
 def attribute_of(index: str, support: str) -> str:
@@ -40,7 +40,7 @@ def test_every_setting_under_every_join_strategy_matches_the_oracle(engine):
         engine.create_attribute(attribute_of(index, support), type="ref", index=index, support=support)
         oracle.create_attribute(attribute_of(index, support), "ref")
     rng = random.Random(15)
-    planted = {(0, 1), (1, 2), (0, 2), (2, 3)}  # a result (0 1 2) that the epoch below keeps
+    planted = {(0, 1), (1, 2), (0, 2)}  # a result (0 1 2) that the epoch below keeps
     seed = sorted({(rng.randrange(6), rng.randrange(6)) for _ in range(16)} | planted)
     tx = [[":db/add", e, attribute_of(*s), v] for s in SETTINGS for e, v in seed]
     engine.transact(tx)

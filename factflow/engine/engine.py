@@ -113,10 +113,7 @@ class Engine:
                 raise
             self.recovery = self._durability.recovery
         self._introspection = Introspection(
-            self._state.schema, self._durability.log_attribute if self._durability else None) if introspection else None
-        if self._introspection is not None:
-            for attribute in self._state.schema:
-                self._state.arrange(attribute)
+            self._state, self._durability.log_attribute if self._durability else None) if introspection else None
         if state_dir:
             self._restore_queries()
 

@@ -36,13 +36,13 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import pandas as pd
 
 from factflow.arrangement.batch import DIFF
 from factflow.engine.reports import EpochReport, engine_stats
-from factflow.model.schema import Schema
+from factflow.model.schema import Attribute
 from factflow.model.types import Kind
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -91,10 +91,11 @@ class IntrospectionStep:
 class Introspection:
     """Keeps the introspection attributes of one engine up to date (see the module doc)."""
 
-    def __init__(self, schema: Schema, log=None):
+    def __init__(self, state: "EngineState", log: Callable[[Attribute], None] | None = None):
+        """Create (``log`` them, for a durable engine) and arrange the attributes unless they exist."""
+        self.schema = state.schema
         for name, value_type in ATTRIBUTES.items():
-            schema.create(name, value_type, "one", log=log, reserved=True)
-        self.schema = schema
+            state.arrange(self.schema.create(name, value_type, "one", log=log, reserved=True))
         self.held: Facts = {}
         self.reported = 0  # the latest epoch described
         self._ids: dict[tuple[str, str], int] = {}

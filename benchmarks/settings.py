@@ -14,8 +14,10 @@
 2. Introspection cost (LDBC SNB tiny, the five queries and 1-change transactions of
    benchmarks/epoch_latency.py): the median ``transact`` wall time (which includes
    computing the introspection facts, done before the epoch's own timer starts) and the
-   median ``EpochReport.seconds``, on engines without introspection, with it, and with it
-   plus a query reading it (total arranged tuples per query), same seed, same session.
+   median ``EpochReport.seconds`` of three engines on one session, without
+   introspection, with it, and with it plus a query reading it (total arranged tuples per
+   query), each with the same transactions; their epochs are interleaved round-robin, so
+   each round sees the same machine load, and the median per-round difference is given.
 
 Medians exclude the first two epochs. The machine may be shared: compare figures of one run.
 
@@ -83,31 +85,46 @@ def settings_run(spark, graph, plan: list, node: int, index: str, support: str) 
     return {"figures": figures, "result": result}
 
 
-def introspection_run(spark, epochs: int, introspection: bool, reader: bool) -> dict:
-    """Epoch latencies of the LDBC epochs with the five queries, with or without introspection."""
+def ldbc_engine(spark, introspection: bool, reader: bool) -> Engine:
+    """An engine holding the LDBC data with the five queries (and the introspection reader)."""
     db = Engine(spark=spark, introspection=introspection)
+    load_ldbc(db)
+    db.register(RULES)
+    for i, (text, inputs) in enumerate(FIVE):
+        db.query(text, name=f"q{i + 1}", inputs=inputs)
+    if reader:
+        db.query(PER_QUERY, name="tuples-per-query")
+    return db
+
+
+def introspection_part(spark, epochs: int) -> dict:
+    """Measurement 2: three engines (off, on, on with a reader) on one session, their epochs
+    interleaved round-robin so that each round sees the same machine load."""
+    variants = {"off": (False, False), "on": (True, False), "on_with_reader": (True, True)}
+    engines = {k: ldbc_engine(spark, *v) for k, v in variants.items()}
     try:
-        load_ldbc(db)
-        db.register(RULES)
-        for i, (text, inputs) in enumerate(FIVE):
-            db.query(text, name=f"q{i + 1}", inputs=inputs)
-        if reader:
-            db.query(PER_QUERY, name="tuples-per-query")
-        persons = persons_of(db)
-        rng = random.Random(7)
-        next_id = [10**15]
-        wall, to_results = [], []
+        streams = {k: (random.Random(7), persons_of(db), [10**15]) for k, db in engines.items()}
+        wall: dict[str, list[float]] = {k: [] for k in engines}
+        to_results: dict[str, list[float]] = {k: [] for k in engines}
         for _ in range(epochs):
-            wall.append(timed(lambda: db.transact(ldbc_transaction(rng, 1, persons, next_id)))[0])
-            to_results.append(db.epoch_log[-1].seconds)
-        if reader:
-            assert db.queries["tuples-per-query"].rows(), "the introspection query saw no arrangements"
+            for k, db in engines.items():
+                rng, persons, next_id = streams[k]
+                wall[k].append(timed(lambda: db.transact(ldbc_transaction(rng, 1, persons, next_id)))[0])
+                to_results[k].append(db.epoch_log[-1].seconds)
+        assert engines["on_with_reader"].queries["tuples-per-query"].rows(), "the reader saw no arrangements"
     finally:
-        db.close()
-    figures = {"transact_median_s": round(median(steady(wall)), 4),
-               "epoch_report_median_s": round(median(steady(to_results)), 4)}
-    print(f"  introspection={introspection} reader={reader}: {figures}", flush=True)
-    return figures
+        for db in engines.values():
+            db.close()
+    cost: dict = {}
+    for k in engines:
+        cost[k] = {"transact_median_s": round(median(steady(wall[k])), 4),
+                   "epoch_report_median_s": round(median(steady(to_results[k])), 4)}
+        print(f"  {k}: {cost[k]}", flush=True)
+    for k in ("on", "on_with_reader"):
+        cost[f"{k}_transact_ratio_to_off"] = round(cost[k]["transact_median_s"] / cost["off"]["transact_median_s"], 2)
+        # per round, the same load: the median of the per-round differences
+        cost[f"{k}_median_extra_s"] = round(median([a - b for a, b in zip(steady(wall[k]), steady(wall["off"]))]), 4)
+    return cost
 
 
 def memory_part(spark, args, epochs: int) -> dict:
@@ -149,14 +166,8 @@ def main() -> None:
     if args.part in ("both", "memory"):
         figures.update(memory_part(spark, args, epochs))
     if args.part in ("both", "introspection"):
-        print("introspection (LDBC, 5 queries, 1-change epochs):", flush=True)
-        cost = {"off": introspection_run(spark, epochs, False, False),
-                "on": introspection_run(spark, epochs, True, False),
-                "on_with_reader": introspection_run(spark, epochs, True, True)}
-        for key in ("on", "on_with_reader"):
-            cost[f"{key}_transact_ratio_to_off"] = round(
-                cost[key]["transact_median_s"] / cost["off"]["transact_median_s"], 2)
-        figures["introspection"] = cost
+        print("introspection (LDBC, 5 queries, 1-change epochs, engines interleaved):", flush=True)
+        figures["introspection"] = introspection_part(spark, epochs)
     suffix = ("" if args.part == "both" else f"-{args.part}") + ("-quick" if args.quick else "")
     report("settings" + suffix, machine_facts(spark), figures)
 

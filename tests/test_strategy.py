@@ -187,7 +187,7 @@ def test_summary_of_query_text(text, edges, decision):
 def test_summary_fields_from_query_text():
     assert summarize("[:find ?a :where [?a :e ?b] (not [?b :e ?a]) (not [?a :e 1])]").negations == 2
     assert summarize("[:find ?a :where [?a :e ?b]]", WCO) == ConjunctionSummary(
-        WCO, (frozenset({"?a", "?b"}),), False, negations=0)
+        WCO, (frozenset({"?a", "?b"}),), False, negations=0, support=((":e", "wco"),))
     assert choose(summarize("[:find ?a :where [?a :e ?b] (not [?b :e ?a])]", DELTA)) == (DELTA, "requested")
     seeded = summarize(f"[:find ?y :where [?s :start true] (tc ?s ?y) [?a :e ?y] {OR}]")
     assert (seeded.seeded_goal, seeded.seeded_or) == (GOAL, OR)

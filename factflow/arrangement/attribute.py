@@ -4,7 +4,10 @@ Every attribute has a *forward* index ``e -> v`` (a trace keyed and partitioned 
 The *reverse* index ``v -> e`` and the *count* indexes (``e -> number of values`` and
 ``v -> number of entities``, which worst-case optimal joins use to choose a proposer) are
 built the first time a query needs them, from the forward index's current state, and
-from then on maintained with every epoch's changes. Count indexes store, per key, rows
+from then on maintained with every epoch's changes, unless the attribute's settings rule
+them out (``index="forward"`` keeps no reverse index, ``support`` other than ``wco`` no
+count indexes: see :meth:`factflow.model.schema.Attribute.keeps`; the planner never asks
+for those). Count indexes store, per key, rows
 whose diffs sum to the key's count, so they are ordinary traces too.
 """
 
@@ -16,6 +19,7 @@ from pyspark.sql import functions as F
 
 from factflow.arrangement.batch import DIFF, TIME, Batch, Layout
 from factflow.arrangement.trace import MergePolicy, Trace
+from factflow.errors import QueryError
 from factflow.model.schema import Attribute
 from factflow.model.types import Kind
 
@@ -47,8 +51,12 @@ class AttributeArrangement:
         return self.traces["forward"]
 
     def index(self, face: str) -> Trace:
-        """The trace of ``face``, building it from the forward index on first use."""
+        """The trace of ``face``, building it from the forward index on first use (QueryError
+        for a face the attribute's settings do not keep)."""
         if face not in self.traces:
+            if not self.attribute.keeps(face):
+                a = self.attribute
+                raise QueryError(f"attribute {a.name} keeps no {face} index (index={a.index!r}, support={a.support!r})")
             self.traces[face] = self._build(face)
         return self.traces[face]
 

@@ -94,10 +94,12 @@ class Client:
             raise
 
     # ------------------------------------------------------------ the engine's operations
-    def create_attribute(self, name: str, type: str = "string", semantics: str = "set") -> dict[str, str]:
+    def create_attribute(self, name: str, type: str = "string", semantics: str = "set", index: str = "both",
+                         support: str = "wco") -> dict[str, str]:
         """Define an attribute (as :meth:`factflow.Engine.create_attribute`); returns its
-        ``name``, ``type`` and ``semantics``."""
-        return self.request("create-attribute", name=name, type=type, semantics=semantics)
+        ``name``, ``type``, ``semantics``, ``index`` and ``support``."""
+        return self.request("create-attribute", name=name, type=type, semantics=semantics, index=index,
+                            support=support)
 
     def transact(self, tx: Sequence[Sequence[Any]] | str) -> int:
         """Apply a transaction (``[[":db/add", e, a, v], ...]`` or EDN text) as one epoch;

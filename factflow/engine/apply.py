@@ -39,11 +39,15 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["apply_changes", "small_statements"]
 
 
-def apply_changes(state: "EngineState", prepared: transaction.PreparedTransaction,
-                  epoch: int) -> tuple[dict[int, int], dict[int, pd.DataFrame]]:
+def apply_changes(state: "EngineState", prepared: transaction.PreparedTransaction, epoch: int,
+                  known: dict[int, pd.DataFrame] | None = None) -> tuple[dict[int, int], dict[int, pd.DataFrame]]:
     """Compute and append the effective changes of ``epoch``; returns the rows changed per
     attribute id, and the changes ``(e, v, _diff)`` of every changed attribute whose feed
-    has subscribers (see :mod:`factflow.engine.feeds`)."""
+    has subscribers (see :mod:`factflow.engine.feeds`).
+
+    ``known`` are effective changes ``(e, v, _diff)`` per attribute id that the engine
+    computed itself (introspection, on attributes the transaction does not touch): they
+    are appended as they are, without a Spark job."""
     spark = state.spark
     watched: dict[int, pd.DataFrame] = {}
     tx_view = register_view(prepared.frame, prefix="ff_tx")
@@ -58,6 +62,11 @@ def apply_changes(state: "EngineState", prepared: transaction.PreparedTransactio
     finally:
         for view in [tx_view] + cx.views:
             drop_view(spark, view)
+    for aid, frame in (known or {}).items():
+        state.arrangements[aid].apply_pandas(frame, epoch)
+        changed[aid] = len(frame)
+        if state.watched(aid):
+            watched[aid] = frame
     for aid, arrangement in state.arrangements.items():
         if aid not in changed:
             arrangement.advance_upper(epoch + 1)

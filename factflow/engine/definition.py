@@ -1,7 +1,8 @@
 """What it takes to install a query again: its definition, kept by durable engines.
 
 A query installed with ``durable=True`` on an engine with a ``state_dir`` has its
-definition (name, query text, inputs, join strategy, semantics, sinks, granularity) logged in the catalog
+definition (name, query text, inputs, join strategy, semantics, sinks, granularity,
+introspection) logged in the catalog
 (see :mod:`factflow.engine.durability`); an engine reopening the directory installs it
 again, so the query (and what reads it: subscribers, server clients) continues from the
 recovered epoch. Inputs are kept as EDN text, which round-trips every value an input can
@@ -31,10 +32,12 @@ class QueryDefinition:
     semantics: str
     sinks: tuple[Sink, ...] = ()
     granularity: float | None = None
+    introspect: bool = True
 
     @classmethod
     def of(cls, name: str, text: str, inputs: Sequence[Any], join: str, semantics: str,
-           sinks: Sequence[Sink] = (), granularity: float | None = None) -> "QueryDefinition":
+           sinks: Sequence[Sink] = (), granularity: float | None = None, introspect: bool = True
+           ) -> "QueryDefinition":
         """The definition of a query being installed; raises :class:`QueryError` when an
         input cannot be kept (a value EDN cannot write back)."""
         written = edn.write(list(inputs))
@@ -45,7 +48,7 @@ class QueryDefinition:
         if kept is None or edn.write(list(kept)) != written:
             raise QueryError(f"the inputs of durable query {name!r} cannot be kept: {written} does not round-trip "
                              "through EDN")
-        return cls(name, text, kept, join, semantics, tuple(sinks), granularity)
+        return cls(name, text, kept, join, semantics, tuple(sinks), granularity, introspect)
 
     def same(self, other: "QueryDefinition") -> bool:
         """Whether both define the same query (inputs compared as EDN: a list equals a vector)."""
@@ -54,11 +57,11 @@ class QueryDefinition:
     def to_json(self) -> dict:
         """The definition as a JSON object (for log records and checkpoint manifests)."""
         return {"name": self.name, "text": self.text, "inputs": edn.write(list(self.inputs)), "join": self.join,
-                "semantics": self.semantics, "granularity": self.granularity,
+                "semantics": self.semantics, "granularity": self.granularity, "introspect": self.introspect,
                 "sinks": [{"path": s.path, "format": s.format, "mode": s.mode} for s in self.sinks]}
 
     @classmethod
     def from_json(cls, body: dict) -> "QueryDefinition":
         """The definition :meth:`to_json` wrote."""
         return cls(body["name"], body["text"], tuple(edn.read(body["inputs"])), body["join"], body["semantics"],
-                   tuple(Sink(**s) for s in body.get("sinks", [])), body.get("granularity"))
+                   tuple(Sink(**s) for s in body.get("sinks", [])), body.get("granularity"), body.get("introspect", True))

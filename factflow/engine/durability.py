@@ -5,7 +5,8 @@ files; docs/storage.md describes them). What is logged is what the arrangements 
 nothing else:
 
 * *catalog records*, written before ``create_attribute`` or ``register`` returns: a new
-  attribute with its type and semantics, the EDN text of rules that added something;
+  attribute with its type, semantics and settings (``index``, ``support``), the EDN text
+  of rules that added something;
 * one *epoch record* per committed epoch, written after its queries are evaluated and
   before it commits (so before any subscriber, and before ``transact`` returns): the
   epoch's **effective changes** per attribute (what it appended to each forward index,
@@ -14,7 +15,9 @@ nothing else:
   travel inside the record as Arrow IPC; large ones (a stored batch) are written as
   Parquet files by Spark tasks first and the record references them with checksums.
   An epoch whose record cannot be written is rolled back, so every acknowledged epoch is
-  in the log and every logged epoch was (or was about to be) committed.
+  in the log and every logged epoch was (or was about to be) committed. The facts of
+  reserved (introspection) attributes are neither logged nor checkpointed: they describe
+  the process that made them (:mod:`factflow.engine.introspection`).
 
 A *checkpoint* is every attribute's facts as of an epoch ``E`` (the forward index
 consolidated: each fact once, with its multiplicity), the catalog and the offsets. It
@@ -109,7 +112,7 @@ class CheckpointReport:
 class _Snapshot:
     epoch: int
     segment: int
-    attributes: list[tuple[str, str, str]]
+    attributes: list[tuple[str, str, str, dict[str, str]]]
     rules: list[str]
     queries: list[dict]
     offsets: dict[str, list[list[int]]]
@@ -147,8 +150,8 @@ class Durability:
             recovered = store.recover()
             read = time.perf_counter() - started
             durability = cls(store, state, rules, config, engine_id)
-            for name, value_type, semantics in recovered.attributes:
-                state.schema.create(name, value_type, semantics)
+            for name, value_type, semantics, settings in recovered.attributes:
+                state.schema.create(name, value_type, semantics, reserved=True, **settings)
             for text in recovered.rules:
                 rules.register(text)
             state.offsets.load(recovered.offsets)
@@ -205,7 +208,8 @@ class Durability:
     # ------------------------------------------------------------ the log
     def log_attribute(self, attribute: Attribute) -> None:
         """Log a new attribute (before it is added)."""
-        self.store.log_attribute(attribute.id, str.__str__(attribute.name), attribute.value_type, attribute.semantics)
+        self.store.log_attribute(attribute.id, str.__str__(attribute.name), attribute.value_type, attribute.semantics,
+                                 attribute.settings)
 
     def log_rules(self, text: str) -> None:
         """Log rules that add something (before they are stored)."""
@@ -227,6 +231,8 @@ class Durability:
         large: list[tuple[int, Kind, DataFrame, int]] = []
         for aid in sorted(changed):
             arrangement = self.state.arrangements[aid]
+            if arrangement.attribute.reserved:  # introspection facts describe this process only
+                continue
             kind = arrangement.attribute.kind
             for batch in arrangement.forward.batches_between(epoch, epoch + 1):
                 if batch.is_local:
@@ -289,12 +295,14 @@ class Durability:
         self._idle.clear()
         batches = {}
         for aid, arrangement in state.arrangements.items():
+            if arrangement.attribute.reserved:
+                continue
             held = list(arrangement.forward.batches)
             for batch in held:
                 batch.pin()
             batches[aid] = (arrangement.attribute.kind, held)
         snapshot = _Snapshot(state.epoch, segment,
-                             [(str.__str__(a.name), a.value_type, a.semantics) for a in state.schema],
+                             [(str.__str__(a.name), a.value_type, a.semantics, a.settings) for a in state.schema],
                              list(self.rules.texts), [d.to_json() for d in state.durable_queries()],
                              state.offsets.to_json(), batches)
         snapshot.pause = time.perf_counter() - started

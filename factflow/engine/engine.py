@@ -43,6 +43,7 @@ from factflow.engine.feeds import AttributeSubscriber
 from factflow.engine.granularity import Window, window_seconds
 from factflow.engine.group import plan_runs
 from factflow.engine.install import install
+from factflow.engine.introspection import Introspection
 from factflow.engine.offsets import check_offset
 from factflow.engine.pull import pull_query, pulled
 from factflow.engine.query import Query
@@ -83,10 +84,14 @@ class Engine:
     opening recovered is in :attr:`recovery`. Without ``state_dir`` the engine keeps its
     files (index files of stored batches) in a temporary directory that ``close()``
     removes, and nothing survives it.
+
+    ``introspection=True`` maintains the engine's activity as facts of reserved
+    ``:factflow.*`` attributes that queries read, one epoch behind (see
+    :mod:`factflow.engine.introspection`).
     """
 
     def __init__(self, spark: SparkSession | None = None, master: str | None = None,
-                 state_dir: str | None = None, config: EngineConfig | None = None):
+                 state_dir: str | None = None, config: EngineConfig | None = None, introspection: bool = False):
         self._holds_session = spark is None
         self.spark = spark if spark is not None else acquire_session(master=master)
         for key, value in REQUIRED_SQL_CONF.items():
@@ -117,6 +122,9 @@ class Engine:
                     release_session(self.spark)
                 raise
             self.recovery = self._durability.recovery
+        self._introspection = Introspection(
+            self._state, self._durability.log_attribute if self._durability else None) if introspection else None
+        if state_dir:
             self._restore_queries()
 
     # ------------------------------------------------------------ schema and rules
@@ -130,13 +138,20 @@ class Engine:
         """The attributes defined so far."""
         return self._state.schema
 
-    def create_attribute(self, name: str, type: str = "string", semantics: str = "set") -> Attribute:
+    def create_attribute(self, name: str, type: str = "string", semantics: str = "set", index: str = "both",
+                         support: str = "wco") -> Attribute:
         """Define an attribute: ``type`` is long, double, string, boolean, ref or instant;
-        ``semantics`` is set (default), raw (multiset) or one (cardinality one)."""
+        ``semantics`` is set (default), raw (multiset) or one (cardinality one).
+
+        ``index`` is both (default: a reverse index v->e is built when a query looks up by
+        value) or forward (e->v only; lookups by value scan it); ``support`` is wco
+        (default: every join strategy, count indexes built on demand), delta (no count
+        indexes: binary and delta joins) or basic (binary joins only). See
+        :mod:`factflow.planner.strategy` for how queries respect them."""
         with self._lock:
             self._check_open()
             logged = self._durability.log_attribute if self._durability else None
-            attribute = self._state.schema.create(name, type, semantics, log=logged)
+            attribute = self._state.schema.create(name, type, semantics, log=logged, index=index, support=support)
             self._state.arrange(attribute)
             return attribute
 
@@ -195,8 +210,7 @@ class Engine:
                 applied = self._state.offsets.applied(*checked)
                 if applied is not None:
                     return applied
-            return run_epoch(self._state, tx, self._group, self.epoch_log, self._deliveries,
-                             dict([checked]) if checked else None, self._journal)
+            return self._run_epoch(tx, dict([checked]) if checked else None)
 
         return self._committing(run)
 
@@ -260,8 +274,7 @@ class Engine:
                 source, offset = sources[member]
                 offsets[source] = max(offset, offsets.get(source, offset))
         try:
-            epoch = run_epoch(self._state, transaction.combine([checked[p] for p in members]), self._group,
-                              self.epoch_log, self._deliveries, offsets or None, self._journal)
+            epoch = self._run_epoch(transaction.combine([checked[p] for p in members]), offsets or None)
         except TransactionError as exc:
             if len(members) == 1:
                 outcomes[members[0]] = exc
@@ -297,6 +310,15 @@ class Engine:
         (``on_error="skip"``) or stops the stream (``"stop"``). See :mod:`factflow.io.ingest`."""
         self._check_open()
         return ingest(self, stream, source, checkpoint, on_error, trigger)
+
+    def _run_epoch(self, tx: Any, offsets: dict[str, int] | None) -> int:
+        """One epoch of ``tx``, carrying the introspection facts of the epochs before it."""
+        step = self._introspection.step(self._state, self.epoch_log) if self._introspection else None
+        epoch = run_epoch(self._state, tx, self._group, self.epoch_log, self._deliveries, offsets, self._journal,
+                          step.changes if step else None)
+        if step is not None:
+            step.commit()
+        return epoch
 
     @property
     def durable(self) -> bool:
@@ -351,7 +373,7 @@ class Engine:
     # ------------------------------------------------------------ queries
     def query(self, query: str, name: str | None = None, inputs: Sequence[Any] = (), join: str = "auto",
               semantics: str = "set", sink: Sink | Sequence[Sink] = (), granularity: float | None = None,
-              durable: bool = False) -> Query:
+              durable: bool = False, introspect: bool = True) -> Query:
         """Register and install a query (interest): its dataflow reads the state as of now.
 
         ``inputs`` supply the ``:in`` bindings after ``$``; ``join`` picks the join strategy
@@ -368,19 +390,22 @@ class Engine:
         durable query that is installed already with the same definition returns it, so a
         program that installs its durable queries at start runs unchanged after a restart.
         ``Query.close()`` drops a durable query for good; ``Engine.close()`` keeps it.
+
+        ``introspect=False`` leaves the query and its private arrangements out of the
+        introspection facts of ``Engine(introspection=True)``.
         """
         sinks, seconds = sinks_of(sink), window_seconds(granularity)
         with self._lock:
             self._check_open()
             if not durable:
-                return self._install(query, name, inputs, join, semantics, sinks, seconds)
+                return self._install(query, name, inputs, join, semantics, sinks, seconds, introspect)
             if self._durability is None:
                 raise StorageError("durable=True needs an engine with a state_dir: there is nowhere to keep the query")
-            definition = QueryDefinition.of(name or "", query, inputs, join, semantics, sinks, seconds)
+            definition = QueryDefinition.of(name or "", query, inputs, join, semantics, sinks, seconds, introspect)
             handle = self._state.queries.get(name) if name else None
             fresh = handle is None or not handle.definition.same(definition)
             if fresh:
-                handle = self._install(query, name, inputs, join, semantics, sinks, seconds)
+                handle = self._install(query, name, inputs, join, semantics, sinks, seconds, introspect)
             elif handle.durable:
                 return handle
             try:  # a new query, or the same query installed without durable=True: it becomes durable
@@ -408,11 +433,12 @@ class Engine:
 
 
     def _install(self, query: str, name: str | None, inputs: Sequence[Any], join: str, semantics: str,
-                 sinks: Sequence[Sink] = (), seconds: float | None = None) -> Query:
+                 sinks: Sequence[Sink] = (), seconds: float | None = None, introspect: bool = True) -> Query:
         dataflow = install(self._state, self.rules, f"factflow-{self._id}-install", query, name, inputs, join,
                            semantics)
-        definition = QueryDefinition(dataflow.name, query, tuple(inputs), join, semantics, (), seconds)
+        definition = QueryDefinition(dataflow.name, query, tuple(inputs), join, semantics, (), seconds, introspect)
         handle = Query(self, dataflow, self._state.epoch, self._lock, definition)
+        handle.introspect = introspect
         if seconds:
             handle.window = Window(seconds, [col for _, col in dataflow.find],
                                    lambda: self._deliveries.release(handle))
@@ -434,7 +460,8 @@ class Engine:
         listed in the recovery report; the definition stays for the next opening)."""
         for d in self._durability.recovered_queries:
             try:
-                self._install(d.text, d.name, d.inputs, d.join, d.semantics, d.sinks, d.granularity).durable = True
+                self._install(d.text, d.name, d.inputs, d.join, d.semantics, d.sinks, d.granularity,
+                              d.introspect).durable = True
                 self.recovery.queries.append(d.name)
             except FactflowError as exc:
                 log.error("durable query %s could not be installed again: %s", d.name, exc)

@@ -44,7 +44,7 @@ from factflow.engine.reports import EpochReport, spark_jobs
 from factflow.engine.session import driver_alive
 from factflow.engine.query import Query
 from factflow.engine.state import EngineState
-from factflow.errors import ExecutionError, FactflowError
+from factflow.errors import ExecutionError, FactflowError, TransactionError
 
 __all__ = ["run_epoch", "run_maintenance"]
 
@@ -55,9 +55,14 @@ Journal = Callable[[int, dict[int, int], dict[str, int]], None]
 
 
 def run_epoch(state: EngineState, tx: Any, group_prefix: str, epoch_log: list[EpochReport],
-              deliveries: Deliveries, offsets: dict[str, int] | None = None, journal: Journal | None = None) -> int:
+              deliveries: Deliveries, offsets: dict[str, int] | None = None, journal: Journal | None = None,
+              known: dict[int, pd.DataFrame] | None = None) -> int:
     """Apply ``tx`` as the next epoch of ``state`` (jobs in the group ``<group_prefix>-<epoch>``),
     queue its changes on ``deliveries``, append its report to ``epoch_log`` and return the epoch.
+
+    ``known`` are the engine's own effective changes of reserved attributes
+    (introspection), appended with ``tx``'s (see :func:`apply_changes`); ``tx`` itself may
+    not write reserved attributes. The report's ``changes`` count both.
 
     ``offsets`` (``{source: offset}``) are recorded with the epoch; ``journal(epoch,
     changed, offsets)``, when given, makes the epoch durable before it commits (its
@@ -76,7 +81,11 @@ def run_epoch(state: EngineState, tx: Any, group_prefix: str, epoch_log: list[Ep
     try:
         sc.setJobDescription(f"epoch {epoch}: transaction")
         prepared = transaction.prepare(tx, state.schema, spark, state.config.local_limit)
-        changed, watched = apply_changes(state, prepared, epoch)
+        reserved = next((a for a in prepared.attributes if a.reserved), None)
+        if reserved is not None:
+            raise TransactionError(f"attribute {reserved.name} is maintained by the engine (introspection); "
+                                   "transactions cannot write it")
+        changed, watched = apply_changes(state, prepared, epoch, known)
         phases["changes"] = time.perf_counter() - started
         mark = time.perf_counter()
         affected = [q for q in state.queries.values()

@@ -75,6 +75,8 @@ class Query:
         self.definition = definition
         #: whether it is installed again when its engine's state directory is reopened
         self.durable = False
+        #: whether ``Engine(introspection=True)`` describes it (``Engine.query(introspect=...)``)
+        self.introspect = True
         self._subscribers: list[Subscriber] = []
         self._sinks: list[SinkWriter] = []
         #: the granularity window holding changes back (None: every epoch is delivered)

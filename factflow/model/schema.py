@@ -10,10 +10,23 @@ from factflow.edn import Keyword
 from factflow.errors import SchemaError, UnknownAttributeError
 from factflow.model.types import VALUE_TYPES, Kind, kind_of_type
 
-__all__ = ["Attribute", "Schema", "SEMANTICS", "normalize_attribute_name"]
+__all__ = ["Attribute", "Schema", "SEMANTICS", "INDEX_DIRECTIONS", "QUERY_SUPPORT", "RESERVED_PREFIX",
+           "normalize_attribute_name", "support_allows"]
 
 SEMANTICS = ("set", "raw", "one")
+INDEX_DIRECTIONS = ("both", "forward")
+"""Index directions an attribute keeps: ``both`` (e->v, and v->e when a query needs it) or ``forward`` (e->v only)."""
+QUERY_SUPPORT = ("wco", "delta", "basic")
+"""Join strategies an attribute supports, strongest first: ``wco`` (count indexes, every
+strategy), ``delta`` (no count indexes: binary and delta), ``basic`` (binary only)."""
+RESERVED_PREFIX = ":factflow."
+"""Attribute namespaces starting with this are maintained by the engine (introspection)."""
 _NAME_RE = re.compile(r":[A-Za-z*+!\-_?][A-Za-z0-9.*+!\-_?$%&=<>]*(/[A-Za-z*+!\-_?][A-Za-z0-9.*+!\-_?$%&=<>]*)?$")
+
+
+def support_allows(support: str, strategy: str) -> bool:
+    """Whether join strategy ``strategy`` (binary, delta, wco) may read an attribute with ``support``."""
+    return QUERY_SUPPORT.index(support) <= {"wco": 0, "delta": 1}.get(strategy, 2)
 
 
 def normalize_attribute_name(name: object) -> Keyword:
@@ -31,17 +44,44 @@ def normalize_attribute_name(name: object) -> Keyword:
 
 @dataclass(frozen=True)
 class Attribute:
-    """One attribute: ``name`` (``:ns/name``), ``value_type``, input ``semantics`` and a numeric id.
+    """One attribute: ``name`` (``:ns/name``), ``value_type``, input ``semantics``, a numeric
+    id, and the indexes it keeps (``index``, ``support``).
 
     Semantics: ``set`` (a fact is present or not), ``raw`` (a multiset: each assertion adds
     one occurrence, each retraction removes one) or ``one`` (cardinality one: asserting a
     new value for an entity retracts its previous value).
+
+    ``index`` (:data:`INDEX_DIRECTIONS`) and ``support`` (:data:`QUERY_SUPPORT`) bound the
+    faces of its shared arrangement (:meth:`keeps`) and the join strategies that may read
+    it (:func:`support_allows`).
     """
 
     name: Keyword
     value_type: str
     semantics: str
     id: int
+    index: str = "both"
+    support: str = "wco"
+
+    def keeps(self, face: str) -> bool:
+        """Whether this attribute may have the index ``face`` (forward, reverse, count_e, count_v)."""
+        if face == "forward":
+            return True
+        if face == "reverse":
+            return self.index == "both"
+        if face == "count_e":
+            return self.support == "wco"
+        return self.support == "wco" and self.index == "both"
+
+    @property
+    def settings(self) -> dict[str, str]:
+        """The index settings as given to ``create_attribute`` (stored in the durable catalog)."""
+        return {"index": self.index, "support": self.support}
+
+    @property
+    def reserved(self) -> bool:
+        """Whether the engine maintains this attribute (introspection; users cannot write it)."""
+        return str.__str__(self.name).startswith(RESERVED_PREFIX)
 
     @property
     def kind(self) -> Kind:
@@ -62,24 +102,35 @@ class Schema:
         self._by_id: list[Attribute] = []
 
     def create(self, name: object, value_type: str, semantics: str = "set",
-               log: Callable[[Attribute], None] | None = None) -> Attribute:
+               log: Callable[[Attribute], None] | None = None, index: str = "both", support: str = "wco",
+               reserved: bool = False) -> Attribute:
         """Define an attribute; defining the same attribute identically again is a no-op.
 
-        A new attribute is passed to ``log`` before it is added (if it raises, nothing is)."""
+        A new attribute is passed to ``log`` before it is added (if it raises, nothing is).
+        Names under ``:factflow.`` are refused unless ``reserved`` (the engine's own)."""
         key = normalize_attribute_name(name)
+        if str.__str__(key).startswith(RESERVED_PREFIX) and not reserved:
+            raise SchemaError(f"invalid attribute name {key}: names under {RESERVED_PREFIX!r} are reserved "
+                              "for the engine's introspection attributes")
         if value_type not in VALUE_TYPES:
             raise SchemaError(f"attribute {key}: unknown type {value_type!r}; use one of {', '.join(VALUE_TYPES)}")
         if semantics not in SEMANTICS:
             raise SchemaError(f"attribute {key}: unknown semantics {semantics!r}; use one of {', '.join(SEMANTICS)}")
+        if index not in INDEX_DIRECTIONS:
+            raise SchemaError(f"attribute {key}: unknown index {index!r}; use one of {', '.join(INDEX_DIRECTIONS)}")
+        if support not in QUERY_SUPPORT:
+            raise SchemaError(f"attribute {key}: unknown support {support!r}; use one of {', '.join(QUERY_SUPPORT)}")
         existing = self._by_name.get(key)
+        wanted = (value_type, semantics, index, support)
         if existing is not None:
-            if existing.value_type == value_type and existing.semantics == semantics:
+            have = (existing.value_type, existing.semantics, existing.index, existing.support)
+            if have == wanted:
                 return existing
             raise SchemaError(
-                f"attribute {key} already exists as {existing.value_type}/{existing.semantics}; "
-                f"cannot redefine it as {value_type}/{semantics}"
+                f"attribute {key} already exists as {'/'.join(have)} (type/semantics/index/support); "
+                f"cannot redefine it as {'/'.join(wanted)}"
             )
-        attribute = Attribute(key, value_type, semantics, len(self._by_id))
+        attribute = Attribute(key, value_type, semantics, len(self._by_id), index, support)
         if log is not None:
             log(attribute)
         self._by_name[key] = attribute

@@ -124,6 +124,8 @@ class _Conjunction:
             edges=tuple(edges),
             cardinality_one=all(isinstance(c, Pattern) and self.pc.attribute(c.a, show(c)).semantics == "one"
                                 for c in self.relations),
+            support=tuple((str(a.name), a.support) for a in (self.pc.attribute(c.a, show(c)) for c in self.relations
+                                                              if isinstance(c, Pattern))),
             recursive=self.pc.transient,
             seeded_or=show(seeded_or) if seeded_or is not None else None,
             seeded_goal=show(seeded_goal) if seeded_goal is not None else None,
@@ -366,10 +368,10 @@ class _Conjunction:
                 raise QueryError(f"{where}: {clause.v} is not a valid {attribute.value_type} value of {attribute.name}")
         if e_col is not None and e_col in bound:
             face = "forward"
-        elif v_col is not None and v_col in bound:
-            face = "reverse"
-        elif v_const is not None and e_const is None:
-            face = "reverse"
+        elif v_col is not None and v_col in bound or v_const is not None and e_const is None:
+            # lookups by value: an index="forward" attribute has no reverse index, so they
+            # read (and join with) its forward index instead, correct but not keyed
+            face = "reverse" if attribute.keeps("reverse") else "forward"
         else:
             face = "forward"
         handle = self.pc.handle(attribute, face)

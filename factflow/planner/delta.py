@@ -168,7 +168,8 @@ class _DeltaConjunction(_Conjunction):
                 and base.e_col is not None and base.v_col is not None and base.e_col != base.v_col):
             source, face = ("e", "count_e") if key == [base.e_col] else ("v", "count_v")
             attribute = self.pc.attribute(binding.pattern.a, binding.label)
-            count = CountIndex(self.pc.handle(attribute, face), source, key[0])
+            if attribute.keeps(face):  # index="forward" keeps no count_v: counted by a lookup instead
+                count = CountIndex(self.pc.handle(attribute, face), source, key[0])
         return Extender(node, binding.position, key, count, binding.label)
 
     # ------------------------------------------------------------ pipelines

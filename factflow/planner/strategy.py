@@ -26,7 +26,10 @@ negations and predicates do not count. The policy, first match wins:
 4. a call of a recursive rule with an argument bound by an earlier clause: ``binary``;
    its goal-directed evaluation (magic sets) is seeded by the join-at-a-time prefix;
 5. ``delta`` or ``wco`` requested: ``binary`` for a single binding without negation
-   (there is nothing to join), else the requested strategy;
+   (there is nothing to join), else the requested strategy if every attribute of the
+   conjunction's data patterns supports it (``create_attribute(support=...)``: ``wco``
+   needs count indexes, ``delta`` lookups that ``support="basic"`` rules out), else a
+   QueryError naming the attribute and its setting;
 6. ``auto`` with at most one binding: ``binary`` (nothing to join, so nothing is arranged);
 7. ``auto`` where every binding is a data pattern over a cardinality-one attribute (no
    inputs, no negation): ``binary``; each join step keeps at most one value per entity,
@@ -37,6 +40,12 @@ negations and predicates do not count. The policy, first match wins:
    the skew;
 9. otherwise (``auto``, acyclic): ``delta``; each stage of an acyclic join has one
    extender, so counting would buy nothing.
+
+Under ``auto``, rules 8 and 9 step down to what the attributes support: ``wco`` becomes
+``delta`` when an attribute has ``support="delta"``, and either becomes ``binary`` when one
+has ``support="basic"`` (the reason names the attribute). ``index="forward"`` does not
+change the strategy: a lookup by value of such an attribute reads its forward index
+instead of a reverse one (see ``_Conjunction.pattern``).
 """
 
 from __future__ import annotations
@@ -46,6 +55,7 @@ from enum import StrEnum
 from typing import Collection, Sequence
 
 from factflow.errors import QueryError
+from factflow.model.schema import QUERY_SUPPORT, support_allows
 
 __all__ = ["STRATEGIES", "ConjunctionSummary", "Strategy", "choose", "is_acyclic", "requested_strategy"]
 
@@ -89,6 +99,8 @@ class ConjunctionSummary:
     """The number of ``not`` clauses."""
     sources: int = 0
     """The number of input relations (``:in`` bindings, seeds of nested clause groups)."""
+    support: tuple[tuple[str, str], ...] = ()
+    """``(attribute, support)`` of each data pattern binding (see ``create_attribute(support=...)``)."""
 
 
 def is_acyclic(edges: Sequence[Collection[str]]) -> bool:
@@ -130,11 +142,31 @@ def choose(summary: ConjunctionSummary) -> tuple[Strategy, str]:
     if summary.requested != Strategy.AUTO:
         if single and not summary.negations:
             return Strategy.BINARY, "a single binding"
+        unsupported = _unsupported(summary, summary.requested)
+        if unsupported is not None:
+            name, support = unsupported
+            raise QueryError(f"join={summary.requested.value!r} cannot read attribute {name}: it was created with "
+                             f"support={support!r}, which keeps no {_NEEDS[summary.requested]}; use join="
+                             f"{'binary' if support == 'basic' else 'delta'!r} or 'auto', or create the attribute "
+                             f"with support={summary.requested.value!r}")
         return summary.requested, "requested"
     if single:
         return Strategy.BINARY, "auto: a single binding"
     if summary.cardinality_one and not summary.sources and not summary.negations:
         return Strategy.BINARY, "auto: every binding is a cardinality-one attribute"
-    if not is_acyclic(summary.edges):
-        return Strategy.WCO, "auto: cyclic join"
-    return Strategy.DELTA, "auto: acyclic join"
+    strategy, reason = (Strategy.WCO, "auto: cyclic join") if not is_acyclic(summary.edges) \
+        else (Strategy.DELTA, "auto: acyclic join")
+    weakest = max(summary.support, key=lambda item: QUERY_SUPPORT.index(item[1]), default=None)
+    if weakest is not None and not support_allows(weakest[1], strategy):
+        strategy = Strategy.DELTA if weakest[1] == "delta" else Strategy.BINARY
+        reason = f"{reason}, stepped down: {weakest[0]} has support={weakest[1]!r}"
+    return strategy, reason
+
+
+_NEEDS = {Strategy.WCO: "count indexes", Strategy.DELTA: "lookups for delta pipelines"}
+
+
+def _unsupported(summary: ConjunctionSummary, strategy: Strategy) -> tuple[str, str] | None:
+    """The first ``(attribute, support)`` of the conjunction that ``strategy`` may not read."""
+    return next(((name, support) for name, support in summary.support if not support_allows(support, strategy)),
+                None)

@@ -29,7 +29,8 @@ _NUMBER = (int, float)
 #: Per op: its fields, each ``(name, JSON types, required)``.
 OPS: dict[str, tuple[tuple[str, Any, bool], ...]] = {
     "hello": (("protocol", int, True), ("token", str, False)),
-    "create-attribute": (("name", str, True), ("type", str, False), ("semantics", str, False)),
+    "create-attribute": (("name", str, True), ("type", str, False), ("semantics", str, False),
+                         ("index", str, False), ("support", str, False)),
     "transact": (("tx", (list, str), True),),
     "register": (("rules", str, True),),
     "interest": (("name", str, False), ("query", str, True), ("inputs", list, False), ("join", str, False),

@@ -169,16 +169,19 @@ class Worker:
 
     # ------------------------------------------------------------ the ops
     def _op_create_attribute(self, listener: Listener, name: str, type: str = "string",
-                             semantics: str = "set") -> dict:
+                             semantics: str = "set", index: str = "both", support: str = "wco") -> dict:
         try:
             existing = self.engine.schema.get(name)
         except SchemaError:
             existing = None
-        if existing is not None and (existing.value_type, existing.semantics) != (type, semantics):
-            raise ProtocolError("conflict", f"attribute {existing.name} already exists as "
-                                            f"{existing.value_type}/{existing.semantics}")
-        attribute = self.engine.create_attribute(name, type=type, semantics=semantics)
-        return {"name": str(attribute.name), "type": attribute.value_type, "semantics": attribute.semantics}
+        if existing is not None and ((existing.value_type, existing.semantics, existing.index, existing.support)
+                                     != (type, semantics, index, support)):
+            raise ProtocolError("conflict", f"attribute {existing.name} already exists as {existing.value_type}/"
+                                            f"{existing.semantics}/{existing.index}/{existing.support} "
+                                            "(type/semantics/index/support)")
+        attribute = self.engine.create_attribute(name, type=type, semantics=semantics, index=index, support=support)
+        return {"name": str(attribute.name), "type": attribute.value_type, "semantics": attribute.semantics,
+                **attribute.settings}
 
     def _op_register(self, listener: Listener, rules: str) -> dict:
         return {"rules": self.engine.register(rules)}

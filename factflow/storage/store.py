@@ -68,7 +68,9 @@ class FactSource:
 class Recovered:
     """What :meth:`StateStore.recover` read: the catalog, offsets and facts as of ``epoch``.
 
-    ``attributes``: ``(name, type, semantics)`` in id order; ``rules``: registered rule
+    ``attributes``: ``(name, type, semantics, settings)`` in id order (``settings``: the
+    ``create_attribute`` keywords beyond those, e.g. ``index`` and ``support``; empty in
+    directories written before them); ``rules``: registered rule
     texts in order; ``queries``: the definitions of durable queries by name, in install
     order (JSON objects, see :class:`factflow.engine.definition.QueryDefinition`); ``offsets``: per source the ``[offset, epoch]`` pairs retained;
     ``facts``: per attribute id, the sources whose rows sum to its facts (the checkpoint's
@@ -78,7 +80,7 @@ class Recovered:
     """
 
     epoch: int = 0
-    attributes: list[tuple[str, str, str]] = field(default_factory=list)
+    attributes: list[tuple[str, str, str, dict]] = field(default_factory=list)
     rules: list[str] = field(default_factory=list)
     queries: dict[str, dict] = field(default_factory=dict)
     offsets: dict[str, list[list[int]]] = field(default_factory=dict)
@@ -166,7 +168,7 @@ class StateStore:
                 out.refused.append(message)
                 continue
             out.epoch = out.checkpoint = manifest["epoch"]
-            out.attributes = [tuple(a) for a in manifest["attributes"]]
+            out.attributes = [(a[0], a[1], a[2], dict(a[3]) if len(a) > 3 else {}) for a in manifest["attributes"]]
             out.rules = list(manifest["rules"])
             out.queries = {q["name"]: q for q in manifest.get("queries", [])}  # absent before durable queries
             out.offsets = {s: [list(p) for p in pairs] for s, pairs in manifest["offsets"].items()}
@@ -205,7 +207,7 @@ class StateStore:
             if meta["id"] != len(out.attributes):
                 raise CorruptStateError(f"{segment} defines attribute {meta['name']} with id {meta['id']}, "
                                         f"expected {len(out.attributes)}")
-            out.attributes.append((meta["name"], meta["value_type"], meta["semantics"]))
+            out.attributes.append((meta["name"], meta["value_type"], meta["semantics"], meta.get("settings", {})))
         elif kind == "rules":
             out.rules.append(meta["text"])
         elif kind == "query":
@@ -234,10 +236,12 @@ class StateStore:
             raise CorruptStateError(f"{segment} holds a record of unknown type {kind!r}")
 
     # ------------------------------------------------------------ the log
-    def log_attribute(self, id: int, name: str, value_type: str, semantics: str) -> None:
-        """Log a new attribute (durable on return)."""
+    def log_attribute(self, id: int, name: str, value_type: str, semantics: str,
+                      settings: dict[str, str] | None = None) -> None:
+        """Log a new attribute (durable on return); ``settings`` are its further
+        ``create_attribute`` keywords (an optional field: older records have none)."""
         self.wal.append(LogRecord({"type": "attribute", "id": id, "name": name, "value_type": value_type,
-                                   "semantics": semantics}))
+                                   "semantics": semantics, "settings": dict(settings or {})}))
 
     def log_rules(self, text: str) -> None:
         """Log registered rules (durable on return)."""
@@ -277,7 +281,7 @@ class StateStore:
         """Start a new log segment for the records after the checkpoint about to be taken; returns it."""
         return self.wal.rotate()
 
-    def write_checkpoint(self, epoch: int, log_segment: int, attributes: list[tuple[str, str, str]],
+    def write_checkpoint(self, epoch: int, log_segment: int, attributes: list[tuple[str, str, str, dict]],
                          rules: list[str], queries: list[dict], offsets: dict[str, list[list[int]]],
                          facts: dict[int, CheckpointFiles]) -> dict:
         """Write the checkpoint of ``epoch`` (files, checked by reading them back, then the

@@ -10,8 +10,8 @@ from factflow.engine.query import Query
 from factflow.engine.session import create_session
 from factflow.errors import (
     ConnectionClosedError, CorruptStateError, EdnSyntaxError, EngineClosedError, ExecutionError, FactflowError,
-    QueryError, RequestTimeoutError, RuleError, SchemaError, ServerError, StateLockedError, StateVersionError,
-    StorageError, TransactionError, UnknownAttributeError,
+    HistoryError, LateTransactionError, QueryError, RequestTimeoutError, RuleError, SchemaError, ServerError,
+    StateLockedError, StateVersionError, StorageError, TransactionError, UnknownAttributeError,
 )
 
 __version__ = "0.1.0"
@@ -21,5 +21,5 @@ __all__ = [
     "FactflowError", "EdnSyntaxError", "SchemaError", "UnknownAttributeError", "TransactionError",
     "QueryError", "RuleError", "EngineClosedError", "ExecutionError", "ServerError", "ConnectionClosedError",
     "RequestTimeoutError", "StorageError", "StateLockedError", "StateVersionError", "CorruptStateError",
-    "__version__",
+    "LateTransactionError", "HistoryError", "__version__",
 ]

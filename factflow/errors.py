@@ -9,11 +9,13 @@ the user can find it. The type says what was rejected::
     ├── SchemaError             create_attribute rejected a definition
     │   └── UnknownAttributeError   a lookup by name found no attribute
     ├── TransactionError        Engine.transact rejected the transaction
+    │   └── LateTransactionError    (event time) its time is before the frontier
     ├── QueryError              Engine.query rejected the query
     │   └── RuleError           Engine.register rejected the rules, or a query calls a rule
     │                           that is unknown or cannot be resolved
     ├── ExecutionError          Spark failed while running an epoch (rolled back), or an
     │                           iteration of recursive rules exceeded EngineConfig.fetch_limit
+    ├── HistoryError            a read as of an epoch outside the history kept (slack)
     ├── EngineClosedError       the engine or query was used after close()
     ├── ServerError             a factflow server refused a client's request (.category says why)
     ├── ConnectionClosedError   a client's connection to a server failed to open or closed
@@ -57,6 +59,11 @@ class TransactionError(FactflowError):
     """A transaction was rejected, for whatever reason; nothing of it was applied."""
 
 
+class LateTransactionError(TransactionError):
+    """An event-time transaction came for a time that is already closed (before the
+    engine's frontier); the message names the time and the frontier. Nothing changed."""
+
+
 class QueryError(FactflowError):
     """A query or rule was rejected: malformed text, unknown attributes, unsafe variables,
     type errors or other misuse of the language; nothing of it was installed."""
@@ -64,6 +71,12 @@ class QueryError(FactflowError):
 
 class RuleError(QueryError):
     """A rule definition is invalid, clashes with a registered rule or cannot be resolved."""
+
+
+class HistoryError(FactflowError):
+    """A result was asked for as of an epoch the engine does not keep: older than the
+    history its ``slack`` keeps, before the query was installed, or not closed yet; the
+    message names the epoch and the range that can be read."""
 
 
 class EngineClosedError(FactflowError):

@@ -34,9 +34,11 @@ from factflow.engine.config import EngineConfig
 from factflow.engine.delivery import Deliveries
 from factflow.engine.durability import CheckpointReport, Durability, RecoveryReport
 from factflow.engine import transaction
+from factflow.engine.clock import EventClock, advance, buffer
 from factflow.engine.epoch import run_epoch, run_maintenance
 from factflow.engine.feeds import AttributeSubscriber
 from factflow.engine.group import plan_runs
+from factflow.engine.history import check_slack
 from factflow.engine.install import install
 from factflow.engine.offsets import check_offset
 from factflow.engine.query import Query
@@ -72,10 +74,16 @@ class Engine:
     opening recovered is in :attr:`recovery`. Without ``state_dir`` the engine keeps its
     files (index files of stored batches) in a temporary directory that ``close()``
     removes, and nothing survives it.
+
+    ``time="event"`` numbers epochs by the times transactions carry (``transact(tx,
+    time=T)``, closed by :meth:`advance_to`; see :mod:`factflow.engine.clock`) instead of
+    by arrival (``"transaction"``, the default).
     """
 
     def __init__(self, spark: SparkSession | None = None, master: str | None = None,
-                 state_dir: str | None = None, config: EngineConfig | None = None):
+                 state_dir: str | None = None, config: EngineConfig | None = None, time: str = "transaction"):
+        if time not in ("transaction", "event"):
+            raise FactflowError(f"time must be 'transaction' or 'event', not {time!r}")
         self._holds_session = spark is None
         self.spark = spark if spark is not None else acquire_session(master=master)
         for key, value in REQUIRED_SQL_CONF.items():
@@ -88,6 +96,7 @@ class Engine:
                                   os.path.join(self.state_dir, "indexes"))
         self.rules = RuleStore()
         self._state = EngineState(self.spark, self.config, self.policy)
+        self._state.clock = EventClock() if time == "event" else None
         self._lock = threading.RLock()
         self._deliveries = Deliveries()
         self._closed = False
@@ -118,13 +127,14 @@ class Engine:
         """The attributes defined so far."""
         return self._state.schema
 
-    def create_attribute(self, name: str, type: str = "string", semantics: str = "set") -> Attribute:
+    def create_attribute(self, name: str, type: str = "string", semantics: str = "set", slack: int = 0) -> Attribute:
         """Define an attribute: ``type`` is long, double, string, boolean, ref or instant;
-        ``semantics`` is set (default), raw (multiset) or one (cardinality one)."""
+        ``semantics`` is set (default), raw (multiset) or one (cardinality one); ``slack``
+        closed epochs of its forward index are kept uncompacted (:mod:`factflow.engine.history`)."""
         with self._lock:
             self._check_open()
             logged = self._durability.log_attribute if self._durability else None
-            attribute = self._state.schema.create(name, type, semantics, log=logged)
+            attribute = self._state.schema.create(name, type, semantics, log=logged, slack=slack)
             self._state.arrange(attribute)
             return attribute
 
@@ -154,8 +164,13 @@ class Engine:
         return self._state.arrangement_of(self._state.schema.get(name))
 
     # ------------------------------------------------------------ transactions
-    def transact(self, tx: Any, source: str | None = None, offset: int | None = None) -> int:
+    def transact(self, tx: Any, source: str | None = None, offset: int | None = None, time: Any = None) -> int:
         """Apply one transaction atomically as the next epoch; returns the epoch number.
+
+        In event time (``Engine(time="event")``) ``time`` is required (and elsewhere refused):
+        the transaction is checked and buffered for that time, applied when
+        :meth:`advance_to` closes it, and its time is returned (see
+        :mod:`factflow.engine.clock`); a durable engine returns once it is logged.
 
         Every installed query is up to date when this returns, and every subscriber has been
         called with the epoch's changes (and with those of every earlier epoch). Called from
@@ -177,6 +192,9 @@ class Engine:
         subscribers receive them in increasing order.
         """
         checked = check_offset(source, offset)
+        if time is not None or self._state.clock is not None:
+            logged = self._durability.log_pending if self._durability else None
+            return self._committing(lambda: buffer(self._state, tx, time, checked, logged))
 
         def run() -> int:
             if checked is not None:
@@ -202,6 +220,8 @@ class Engine:
         same call gets the outcome of the earliest one at or above it. Delivery, durability
         and maintenance are as in :meth:`transact`.
         """
+        if self._state.clock is not None:
+            raise TransactionError("an event-time engine takes transactions one at a time: transact(tx, time=T)")
         outcomes: list[int | FactflowError | None] = [None] * len(transactions)
         if offsets is not None and len(offsets) != len(transactions):
             raise TransactionError(f"{len(offsets)} offsets given for {len(transactions)} transactions")
@@ -266,6 +286,24 @@ class Engine:
         for member in members:
             outcomes[member] = epoch
 
+    def advance_to(self, time: Any) -> list[int]:
+        """Event time: close every time before ``time``, applying the transactions buffered for
+        each as one epoch numbered by it, in time order; returns those epochs. Delivery,
+        durability and maintenance are as in :meth:`transact` (see :mod:`factflow.engine.clock`)."""
+        def run(t: int, ops: transaction.WideOps) -> int:
+            return run_epoch(self._state, ops, self._group, self.epoch_log, self._deliveries, None, self._journal,
+                             epoch=t)
+
+        logged = self._durability.log_frontier if self._durability else None
+        return self._committing(lambda: advance(self._state, time, run, logged))
+
+    @property
+    def frontier(self) -> int:
+        """The first epoch not closed yet: in event time the frontier (times before it are
+        closed), in transaction time the next epoch."""
+        clock = self._state.clock
+        return clock.frontier if clock is not None else self._state.epoch + 1
+
     @property
     def _journal(self):
         return self._durability.log_epoch if self._durability else None
@@ -313,18 +351,20 @@ class Engine:
 
     # ------------------------------------------------------------ queries
     def query(self, query: str, name: str | None = None, inputs: Sequence[Any] = (), join: str = "auto",
-              semantics: str = "set") -> Query:
+              semantics: str = "set", slack: int = 0) -> Query:
         """Register and install a query (interest): its dataflow reads the state as of now.
 
         ``inputs`` supply the ``:in`` bindings after ``$``; ``join`` picks the join strategy
         (auto, binary, delta, wco); ``semantics`` is ``set`` (Datomic) or ``multiset``
-        (derivation counts).
+        (derivation counts); ``slack`` closed epochs before the latest stay readable with
+        ``results(as_of=...)`` (see :mod:`factflow.engine.history`).
         """
         with self._lock:
             self._check_open()
+            check_slack(slack, f"query {name or '(unnamed)'}")
             dataflow = install(self._state, self.rules, f"factflow-{self._id}-install", query, name, inputs, join,
                                semantics)
-            handle = Query(self, dataflow, self._state.epoch, self._lock)
+            handle = Query(self, dataflow, self._state.epoch, self._lock, slack)
             self._state.queries[handle.name] = handle
             log.info("installed query %s at epoch %d (%s join)", handle.name, self._state.epoch, dataflow.strategy)
             return handle

@@ -13,6 +13,7 @@ from factflow.arrangement.batch import DIFF
 from factflow.dataflow import zset
 from factflow.dataflow.nodes import Distinct
 from factflow.dataflow.zset import ident
+from factflow.engine.history import History
 from factflow.engine.rows import changes_from_frame, python_rows
 from factflow.errors import EngineClosedError
 from factflow.planner.synthesis import Dataflow
@@ -38,7 +39,9 @@ class Query:
     - scalar ``[:find ?a .]``: one value, or None when the result is empty.
 
     Where a tuple or scalar query has several rows, the smallest is returned (Datomic
-    returns an arbitrary one; factflow keeps it deterministic).
+    returns an arbitrary one; factflow keeps it deterministic). A query installed with
+    ``slack=N`` also answers ``results(as_of=E)`` and ``rows(as_of=E)`` for the N closed
+    epochs before the latest (see :mod:`factflow.engine.history`).
     ``subscribe(fn)`` calls ``fn(epoch, [(row, diff), ...])`` after every epoch in which
     the result changed; summing the diffs from the install epoch on gives ``results()``.
 
@@ -51,8 +54,10 @@ class Query:
     :mod:`factflow.engine.delivery`).
     """
 
-    def __init__(self, engine: "Engine", dataflow: Dataflow, installed_at: int, lock: threading.RLock):
+    def __init__(self, engine: "Engine", dataflow: Dataflow, installed_at: int, lock: threading.RLock,
+                 slack: int = 0):
         self._engine = engine
+        self.slack = slack
         self._lock = lock
         self.dataflow = dataflow
         self.name = dataflow.name
@@ -75,19 +80,21 @@ class Query:
             return rows
         return [tuple(d(x) if d else x for d, x in zip(decoders, row)) for row in rows]
 
-    def rows(self) -> dict[tuple, int]:
-        """The result as of the latest closed epoch as ``{row_tuple: multiplicity}``, whatever
-        the find spec (read under the engine lock, see the class docs)."""
+    def rows(self, as_of: int | None = None) -> dict[tuple, int]:
+        """The result as of the latest closed epoch (or of the epoch ``as_of``, within the
+        query's slack: :class:`factflow.HistoryError` otherwise) as ``{row_tuple:
+        multiplicity}``, whatever the find spec (read under the engine lock, see the class docs)."""
         with self._lock:
-            frame = self._engine.spark.sql(self._current_sql())
+            frame = self._engine.spark.sql(self._current_sql(as_of))
             self._engine.spark.sparkContext.setJobDescription(f"results of {self.name}")
             data = frame.toArrow().to_pandas()
         rows = self._decode(python_rows(data, self._report()))
         return dict(zip(rows, data[DIFF].astype("int64").tolist()))
 
-    def results(self) -> Any:
-        """The result as of the latest closed epoch, shaped by the find spec (see the class docs)."""
-        rows = self.rows()
+    def results(self, as_of: int | None = None) -> Any:
+        """The result as of the latest closed epoch (or of ``as_of``, as in :meth:`rows`),
+        shaped by the find spec (see the class docs)."""
+        rows = self.rows(as_of)
         kind = self.dataflow.find_kind
         if kind == "rel":
             return rows
@@ -118,11 +125,14 @@ class Query:
                 frame = frame.localCheckpoint(eager=True)
         return frame
 
-    def _current_sql(self) -> str:
-        """SQL of the consolidated result as of the latest closed epoch (call under the engine lock)."""
+    def _current_sql(self, as_of: int | None = None) -> str:
+        """SQL of the consolidated result as of the latest closed epoch, or ``as_of`` (call under the engine lock)."""
         self._check()
         result = self.dataflow.result
-        updates = result.handle.read(self._engine.epoch)
+        latest = self._engine.epoch
+        if as_of is not None:
+            latest = History.check(result.handle, as_of, self.installed_at, latest, f"query {self.name}")
+        updates = result.handle.read(latest)
         if isinstance(result, Distinct):
             counts = zset.present(updates, result.names)
         else:

@@ -35,13 +35,16 @@ class Attribute:
 
     Semantics: ``set`` (a fact is present or not), ``raw`` (a multiset: each assertion adds
     one occurrence, each retraction removes one) or ``one`` (cardinality one: asserting a
-    new value for an entity retracts its previous value).
+    new value for an entity retracts its previous value). ``slack``: how many closed
+    epochs before the latest its forward index keeps distinct (uncompacted; see
+    :mod:`factflow.engine.history`).
     """
 
     name: Keyword
     value_type: str
     semantics: str
     id: int
+    slack: int = 0
 
     @property
     def kind(self) -> Kind:
@@ -62,24 +65,26 @@ class Schema:
         self._by_id: list[Attribute] = []
 
     def create(self, name: object, value_type: str, semantics: str = "set",
-               log: Callable[[Attribute], None] | None = None) -> Attribute:
+               log: Callable[[Attribute], None] | None = None, slack: int = 0) -> Attribute:
         """Define an attribute; defining the same attribute identically again is a no-op.
 
         A new attribute is passed to ``log`` before it is added (if it raises, nothing is)."""
         key = normalize_attribute_name(name)
+        if isinstance(slack, bool) or not isinstance(slack, int) or slack < 0:
+            raise SchemaError(f"attribute {key}: slack must be a non-negative integer, not {slack!r}")
         if value_type not in VALUE_TYPES:
             raise SchemaError(f"attribute {key}: unknown type {value_type!r}; use one of {', '.join(VALUE_TYPES)}")
         if semantics not in SEMANTICS:
             raise SchemaError(f"attribute {key}: unknown semantics {semantics!r}; use one of {', '.join(SEMANTICS)}")
         existing = self._by_name.get(key)
         if existing is not None:
-            if existing.value_type == value_type and existing.semantics == semantics:
+            if (existing.value_type, existing.semantics, existing.slack) == (value_type, semantics, slack):
                 return existing
             raise SchemaError(
-                f"attribute {key} already exists as {existing.value_type}/{existing.semantics}; "
-                f"cannot redefine it as {value_type}/{semantics}"
+                f"attribute {key} already exists as {existing.value_type}/{existing.semantics} (slack "
+                f"{existing.slack}); cannot redefine it as {value_type}/{semantics} (slack {slack})"
             )
-        attribute = Attribute(key, value_type, semantics, len(self._by_id))
+        attribute = Attribute(key, value_type, semantics, len(self._by_id), slack)
         if log is not None:
             log(attribute)
         self._by_name[key] = attribute

@@ -124,6 +124,17 @@ class WideOps:
     frame: pd.DataFrame
     attributes: list[Attribute]
 
+    def columns(self) -> dict[str, list]:
+        """The operations column by column: ``a``, ``e``, ``op`` and the value slots (None where empty)."""
+        frame = self.frame[["a", "e", "op", *SLOT.values()]].astype(object)
+        return {name: values.tolist() for name, values in frame.where(frame.notna(), None).items()}
+
+    @classmethod
+    def from_columns(cls, columns: dict[str, list], schema: Schema) -> "WideOps":
+        """Operations from what :meth:`columns` gave (their attributes looked up by id in ``schema``)."""
+        frame = _wide_pandas(columns["a"], columns["e"], columns["op"], {k: columns[SLOT[k]] for k in Kind})
+        return cls(frame, [schema.by_id(int(a)) for a in dict.fromkeys(columns["a"])])
+
 
 def read_ops(tx: Any, schema: Schema) -> WideOps:
     """Check a transaction given as a list of ``[op e a v]`` operations (or EDN text of one)

@@ -39,7 +39,7 @@ def test_out_of_order_times_give_the_oracle_per_closed_time(spark):
     db = Engine(spark=spark, time="event")
     try:
         define(db)
-        queries = {(text, sem): db.query(text, semantics=sem, slack=100) for text, _, sem in LIGHT}
+        queries = {(text, sem): db.query(text, semantics=sem, slack=100) for text, _, sem in LIGHT[:3]}
         delivered: list[tuple[int, list]] = []
         watched = queries[(LIGHT[0][0], LIGHT[0][2])]
         watched.subscribe(lambda epoch, changes: delivered.append((epoch, changes)))
@@ -47,8 +47,8 @@ def test_out_of_order_times_give_the_oracle_per_closed_time(spark):
         buffered: dict[int, list[list]] = {}
         history: dict[int, dict] = {}
         frontier, rejected = 1, 0
-        for _ in range(6):
-            for _ in range(rng.randint(3, 6)):
+        for _ in range(5):
+            for _ in range(rng.randint(3, 5)):
                 t = frontier + rng.randint(0, 4)
                 tx = random_transaction(rng, oracle, rng.randint(1, 5))
                 if commute(buffered.get(t, []) + [tx]):
@@ -70,7 +70,7 @@ def test_out_of_order_times_give_the_oracle_per_closed_time(spark):
                 assert db.epoch == due[-1]
             for key, q in queries.items():
                 assert rows(q) == expected(oracle, *key), (key, db.epoch)
-        assert rejected and len(history) >= 4
+        assert rejected and len(history) >= 3
         # each closed time as of itself; a time between two closed ones is the earlier's state
         for t, results in history.items():
             for key, q in queries.items():
@@ -153,7 +153,7 @@ def test_offsets_stay_exactly_once_in_event_time(spark):
 
 def test_buffered_transactions_survive_a_restart(spark, tmp_path):
     rng = random.Random(3)
-    stream = valid_stream(11, 14, max_ops=5)
+    stream = valid_stream(11, 10, max_ops=5)
     times = rng.sample(range(1, 40), len(stream))
     config = EngineConfig(checkpoint_interval=0)
     db = Engine(spark=spark, state_dir=str(tmp_path), time="event", config=config)
@@ -182,7 +182,7 @@ def test_buffered_transactions_survive_a_restart(spark, tmp_path):
         accepted = [i for i in range(len(stream)) if times[i] >= cut or i < half]
         for i in accepted:  # replays are skipped
             assert db.transact(stream[i], time=times[i], source="s", offset=i) == times[i]
-        queries = {(text, sem): db.query(text, semantics=sem) for text, _, sem in LIGHT}
+        queries = {(text, sem): db.query(text, semantics=sem) for text, _, sem in LIGHT[:2]}
         db.advance_to(max(times) + 1)
         oracle = new_oracle()
         for i in sorted(accepted, key=lambda i: times[i]):

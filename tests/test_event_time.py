@@ -140,6 +140,25 @@ def test_modes_times_and_conflicts_are_checked(spark):
         assert db.advance_to(5) == [] and db.frontier == micros + 1  # the frontier never moves back
 
 
+def test_longs_beyond_2_to_the_53_keep_every_digit(spark, tmp_path):
+    """A transaction mixing kinds once rounded its longs through float64 (both times)."""
+    big = 2**60 + 1
+    ops = [[":db/add", 1, ":b/n", big], [":db/add", 1, ":b/s", "x"]]
+    with Engine(spark=spark) as db:
+        db.create_attribute(":b/n", type="long")
+        db.create_attribute(":b/s", type="string")
+        db.transact(ops)
+        assert db.query("[:find ?v :where [_ :b/n ?v]]").rows() == {(big,): 1}
+    with Engine(spark=spark, time="event", state_dir=str(tmp_path)) as db:
+        db.create_attribute(":b/n", type="long")
+        db.create_attribute(":b/s", type="string")
+        db.transact(ops, time=1)
+    with Engine(spark=spark, time="event", state_dir=str(tmp_path)) as db:  # buffered, logged, recovered
+        q = db.query("[:find ?v :where [_ :b/n ?v]]")
+        db.advance_to(2)
+        assert q.rows() == {(big,): 1}
+
+
 def test_offsets_stay_exactly_once_in_event_time(spark):
     with Engine(spark=spark, time="event") as db:
         db.create_attribute(":o/x", type="long", semantics="raw")

@@ -129,10 +129,10 @@ class Query:
         """SQL of the consolidated result as of the latest closed epoch, or ``as_of`` (call under the engine lock)."""
         self._check()
         result = self.dataflow.result
-        latest = self._engine.epoch
+        epoch = self._engine.epoch
         if as_of is not None:
-            latest = History.check(result.handle, as_of, self.installed_at, latest, f"query {self.name}")
-        updates = result.handle.read(latest)
+            epoch = History.check(result.handle, as_of, self.installed_at, epoch, f"query {self.name}")
+        updates = result.handle.read(epoch)
         if isinstance(result, Distinct):
             counts = zset.present(updates, result.names)
         else:

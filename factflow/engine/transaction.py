@@ -110,10 +110,12 @@ def _unsupported(tx: Any) -> TransactionError:
 # ------------------------------------------------------------------ input forms
 
 def _wide_pandas(a, e, op, values: dict[Kind, list]) -> pd.DataFrame:
+    """The wide frame; value slots stay Python objects (a slot of ints and Nones would
+    otherwise become float64 and round longs beyond 2**53)."""
     data = {"a": pd.Series(a, dtype="int32"), "e": pd.Series(e, dtype="int64"), "op": pd.Series(op, dtype="int32")}
     n = len(a)
     for kind in Kind:
-        data[SLOT[kind]] = values.get(kind, [None] * n)
+        data[SLOT[kind]] = pd.Series(values.get(kind, [None] * n), dtype=object)
     return pd.DataFrame(data)
 
 

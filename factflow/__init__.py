@@ -12,8 +12,9 @@ from factflow.io.sinks import Sink
 from factflow.model.pulled import PullMap
 from factflow.errors import (
     ConnectionClosedError, CorruptStateError, EdnSyntaxError, EngineClosedError, ExecutionError, FactflowError,
-    HistoryCompactedError, IngestError, LoadError, QueryError, RequestTimeoutError, RuleError, SchemaError,
-    ServerError, SinkError, StateLockedError, StateVersionError, StorageError, TransactionError, UnknownAttributeError,
+    HistoryCompactedError, HistoryError, IngestError, LateTransactionError, LoadError, QueryError, RequestTimeoutError,
+    RuleError, SchemaError, ServerError, SinkError, StateLockedError, StateVersionError, StorageError, TransactionError,
+    UnknownAttributeError,
 )
 
 __version__ = "0.1.0"
@@ -24,5 +25,5 @@ __all__ = [
     "LoadError", "IngestError", "QueryError", "RuleError", "EngineClosedError", "ExecutionError", "ServerError",
     "ConnectionClosedError", "RequestTimeoutError", "HistoryCompactedError", "SinkError", "Sink", "StorageError",
     "StateLockedError", "StateVersionError", "CorruptStateError",
-    "__version__",
+    "LateTransactionError", "HistoryError", "__version__",
 ]

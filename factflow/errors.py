@@ -9,15 +9,17 @@ the user can find it. The type says what was rejected::
     ├── SchemaError             create_attribute rejected a definition
     │   └── UnknownAttributeError   a lookup by name found no attribute
     ├── TransactionError        Engine.transact rejected the transaction
+    │   ├── LateTransactionError    (event time) its time is before the frontier
     │   └── LoadError           Engine.load rejected a source (a column that does not convert,
     │                           a bad entity column, a missing column or attribute)
     ├── IngestError             Engine.ingest rejected a stream (not streaming, missing columns,
-    │                           an event-time column t, a bad option)
+    │                           column t and the engine's time domain disagree, a bad option)
     ├── QueryError              Engine.query rejected the query
     │   └── RuleError           Engine.register rejected the rules, or a query calls a rule
     │                           that is unknown or cannot be resolved
     ├── ExecutionError          Spark failed while running an epoch (rolled back), or an
     │                           iteration of recursive rules exceeded EngineConfig.fetch_limit
+    ├── HistoryError            a read as of an epoch outside the history kept (slack)
     ├── EngineClosedError       the engine or query was used after close()
     ├── ServerError             a factflow server refused a client's request (.category says why)
     ├── ConnectionClosedError   a client's connection to a server failed to open or closed
@@ -63,6 +65,11 @@ class TransactionError(FactflowError):
     """A transaction was rejected, for whatever reason; nothing of it was applied."""
 
 
+class LateTransactionError(TransactionError):
+    """An event-time transaction came for a time that is already closed (before the
+    engine's frontier); the message names the time and the frontier. Nothing changed."""
+
+
 class LoadError(TransactionError):
     """``Engine.load`` rejected a source: a column whose values do not convert to their
     attribute's type (the message names the attribute, the column, an example value and how
@@ -72,8 +79,9 @@ class LoadError(TransactionError):
 
 class IngestError(FactflowError):
     """``Engine.ingest`` refused to start a stream: the DataFrame is not streaming, lacks
-    column ``e``, ``a`` or ``v``, has an event-time column ``t`` (not supported yet), or an
-    option is invalid; nothing was started."""
+    column ``e``, ``a`` or ``v``, has an event-time column ``t`` on an engine in
+    transaction time (or lacks it in event time), or an option is invalid; nothing was
+    started."""
 
 
 class QueryError(FactflowError):
@@ -83,6 +91,12 @@ class QueryError(FactflowError):
 
 class RuleError(QueryError):
     """A rule definition is invalid, clashes with a registered rule or cannot be resolved."""
+
+
+class HistoryError(FactflowError):
+    """A result was asked for as of an epoch the engine does not keep: older than the
+    history its ``slack`` keeps, before the query was installed, or not closed yet; the
+    message names the epoch and the range that can be read."""
 
 
 class EngineClosedError(FactflowError):
@@ -118,7 +132,7 @@ class RequestTimeoutError(FactflowError):
     """No reply came within the client's timeout; the server may still carry the request out."""
 
 
-class HistoryCompactedError(FactflowError):
+class HistoryCompactedError(HistoryError):
     """``Query.changes_frame(since=...)`` asked for changes after an epoch whose history the
     query no longer keeps (compacted, or before its install); the message names the epoch
     asked for and the oldest one still available (``.oldest``)."""

@@ -154,3 +154,37 @@ def test_ingest_refuses_what_it_cannot_apply(engine, spark, tmp_path):
     with pytest.raises(IngestError, match="source"):
         engine.ingest(stream, source="", checkpoint=checkpoint)
     assert not spark.streams.active and not os.path.exists(checkpoint)
+
+
+def test_event_time_batches_are_split_by_time_and_closed_by_advance_to(spark, tmp_path):
+    """Each fact carries its time in column t; batches mix times out of order; closed times
+    equal the oracle over exactly those times; a late batch is rejected whole."""
+    files, checkpoint = str(tmp_path / "in"), str(tmp_path / "ck")
+
+    def drop(index: int, timed) -> None:  # (time, rows): each row gets its time
+        _drop(files, index, [row for _, rows in timed for row in rows])
+        path = os.path.join(files, f"part-{index:03d}.json")
+        lines = open(path).read().splitlines()
+        times = [t for t, rows in timed for _ in rows]
+        with open(path, "w") as out:
+            out.writelines(json.dumps({**json.loads(line), "t": t}) + "\n" for line, t in zip(lines, times))
+
+    db = _engine(spark, time="event")
+    try:
+        drop(0, [(2, GOOD[1]), (1, GOOD[0])])
+        drop(1, [(4, GOOD[3]), (3, GOOD[2])])
+        stream = spark.readStream.schema(STREAM_SCHEMA + ", t long").option("maxFilesPerTrigger", 1).json(files)
+        with pytest.raises(IngestError, match="column t"):
+            db.ingest(spark.readStream.schema(STREAM_SCHEMA).json(files), source="timed", checkpoint=checkpoint)
+        query = db.ingest(stream, source="timed", checkpoint=checkpoint, trigger={"availableNow": True})
+        query.awaitTermination()
+        assert db.epoch == 0 and db.advance_to(3) == [1, 2]
+        _check(db, _oracle(GOOD[:2]))
+        drop(2, [(2, [(9, ":s/name", "Late", None)])])  # time 2 is closed: the batch is rejected
+        query = db.ingest(stream, source="timed", checkpoint=checkpoint, trigger={"availableNow": True})
+        query.awaitTermination()
+        assert os.path.isdir(rejected_path(checkpoint, 2))
+        assert db.advance_to(5) == [3, 4]
+        _check(db, _oracle(GOOD))
+    finally:
+        db.close()

@@ -286,30 +286,31 @@ def test_a_failed_write_is_logged_and_its_epoch_written_with_the_next(engine, tm
 def test_changes_frame_equals_the_subscribed_diffs(engine):
     stream = Stream(engine, seed=7)
     stream.step()
-    q = engine.query(FRIENDS)
-    installed, start = engine.epoch, stream.expected(FRIENDS)
+    q = engine.query(FRIENDS, slack=6)  # keeps the epochs since its install
+    installed = engine.epoch
     got: dict[int, Counter] = {}
     q.subscribe(lambda epoch, changes: got.setdefault(epoch, Counter()).update(dict(changes)))
     for _ in range(5):
         stream.step()
-    frame = q.changes_frame()
+    assert oldest_available(q) == installed
+    frame = q.changes_frame(since=installed)
     assert frame.columns == ["a", "c", "diff", "epoch"]
-    expected = ({installed: start} if start else {}) | {e: normalized(c) for e, c in got.items()}
+    expected = {e: normalized(c) for e, c in got.items()}
     assert by_epoch(frame.collect(), ["a", "c"]) == expected
+    assert by_epoch(q.changes_frame().collect(), ["a", "c"]) == expected  # as far back as is kept
     middle = installed + 2
     assert by_epoch(q.changes_frame(since=middle).collect(), ["a", "c"]) == {
         e: c for e, c in expected.items() if e > middle}
-    with pytest.raises(HistoryCompactedError, match=f"after epoch {installed - 2} .* oldest epoch .* {installed - 1}"):
-        q.changes_frame(since=installed - 2)
-    # compaction up to a frontier (what a query's slack of history bounds) moves the oldest epoch
+    with pytest.raises(HistoryCompactedError, match=f"after epoch {installed - 1} .* oldest epoch .* {installed}"):
+        q.changes_frame(since=installed - 1)
+    # compaction up to a later frontier moves the oldest epoch
     q.dataflow.result.handle.advance(middle)
     q.dataflow.result.writer.compact()
     assert oldest_available(q) == middle
     with pytest.raises(HistoryCompactedError) as failure:
-        q.changes_frame()
-    assert (failure.value.since, failure.value.oldest) == (installed - 1, middle)
-    assert by_epoch(q.changes_frame(since=middle).collect(), ["a", "c"]) == {
-        e: c for e, c in expected.items() if e > middle}
+        q.changes_frame(since=installed)
+    assert (failure.value.since, failure.value.oldest) == (installed, middle)
+    assert by_epoch(q.changes_frame().collect(), ["a", "c"]) == {e: c for e, c in expected.items() if e > middle}
 
 
 def test_windows_fold_changes_and_start_when_the_last_delivery_was_long_enough_ago():

@@ -82,10 +82,10 @@ class AsyncClient:
 
     # ------------------------------------------------------------ the engine's operations
     async def create_attribute(self, name: str, type: str = "string", semantics: str = "set", index: str = "both",
-                               support: str = "wco") -> dict[str, str]:
+                               support: str = "wco", slack: int = 0) -> dict[str, str]:
         """Define an attribute; returns its ``name``, ``type``, ``semantics``, ``index`` and ``support``."""
         return await self.request("create-attribute", name=name, type=type, semantics=semantics, index=index,
-                                  support=support)
+                                  support=support, slack=slack)
 
     async def transact(self, tx: Sequence[Sequence[Any]] | str) -> int:
         """Apply a transaction (operations or EDN text) as one epoch; returns the epoch, whose

@@ -95,11 +95,11 @@ class Client:
 
     # ------------------------------------------------------------ the engine's operations
     def create_attribute(self, name: str, type: str = "string", semantics: str = "set", index: str = "both",
-                         support: str = "wco") -> dict[str, str]:
+                         support: str = "wco", slack: int = 0) -> dict[str, str]:
         """Define an attribute (as :meth:`factflow.Engine.create_attribute`); returns its
         ``name``, ``type``, ``semantics``, ``index`` and ``support``."""
         return self.request("create-attribute", name=name, type=type, semantics=semantics, index=index,
-                            support=support)
+                            support=support, slack=slack)
 
     def transact(self, tx: Sequence[Sequence[Any]] | str) -> int:
         """Apply a transaction (``[[":db/add", e, a, v], ...]`` or EDN text) as one epoch;

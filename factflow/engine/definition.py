@@ -2,7 +2,7 @@
 
 A query installed with ``durable=True`` on an engine with a ``state_dir`` has its
 definition (name, query text, inputs, join strategy, semantics, sinks, granularity,
-introspection) logged in the catalog
+introspection, slack) logged in the catalog
 (see :mod:`factflow.engine.durability`); an engine reopening the directory installs it
 again, so the query (and what reads it: subscribers, server clients) continues from the
 recovered epoch. Inputs are kept as EDN text, which round-trips every value an input can
@@ -33,11 +33,12 @@ class QueryDefinition:
     sinks: tuple[Sink, ...] = ()
     granularity: float | None = None
     introspect: bool = True
+    slack: int = 0
 
     @classmethod
     def of(cls, name: str, text: str, inputs: Sequence[Any], join: str, semantics: str,
-           sinks: Sequence[Sink] = (), granularity: float | None = None, introspect: bool = True
-           ) -> "QueryDefinition":
+           sinks: Sequence[Sink] = (), granularity: float | None = None, introspect: bool = True,
+           slack: int = 0) -> "QueryDefinition":
         """The definition of a query being installed; raises :class:`QueryError` when an
         input cannot be kept (a value EDN cannot write back)."""
         written = edn.write(list(inputs))
@@ -48,7 +49,7 @@ class QueryDefinition:
         if kept is None or edn.write(list(kept)) != written:
             raise QueryError(f"the inputs of durable query {name!r} cannot be kept: {written} does not round-trip "
                              "through EDN")
-        return cls(name, text, kept, join, semantics, tuple(sinks), granularity, introspect)
+        return cls(name, text, kept, join, semantics, tuple(sinks), granularity, introspect, slack)
 
     def same(self, other: "QueryDefinition") -> bool:
         """Whether both define the same query (inputs compared as EDN: a list equals a vector)."""
@@ -58,10 +59,12 @@ class QueryDefinition:
         """The definition as a JSON object (for log records and checkpoint manifests)."""
         return {"name": self.name, "text": self.text, "inputs": edn.write(list(self.inputs)), "join": self.join,
                 "semantics": self.semantics, "granularity": self.granularity, "introspect": self.introspect,
+                "slack": self.slack,
                 "sinks": [{"path": s.path, "format": s.format, "mode": s.mode} for s in self.sinks]}
 
     @classmethod
     def from_json(cls, body: dict) -> "QueryDefinition":
         """The definition :meth:`to_json` wrote."""
         return cls(body["name"], body["text"], tuple(edn.read(body["inputs"])), body["join"], body["semantics"],
-                   tuple(Sink(**s) for s in body.get("sinks", [])), body.get("granularity"), body.get("introspect", True))
+                   tuple(Sink(**s) for s in body.get("sinks", [])), body.get("granularity"), body.get("introspect", True),
+                   body.get("slack", 0))

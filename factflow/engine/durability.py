@@ -18,6 +18,11 @@ nothing else:
   in the log and every logged epoch was (or was about to be) committed. The facts of
   reserved (introspection) attributes are neither logged nor checkpointed: they describe
   the process that made them (:mod:`factflow.engine.introspection`).
+* in event time (:mod:`factflow.engine.clock`), a *pending record* per transaction
+  buffered for an open time (its checked operations as Arrow IPC, its time and offsets),
+  written before ``transact`` returns, and a *frontier record* when ``advance_to`` moves
+  the frontier past the last time it applied. Recovery buffers again the pending
+  transactions no later epoch record applied (an epoch applies every time up to its own).
 
 A *checkpoint* is every attribute's facts as of an epoch ``E`` (the forward index
 consolidated: each fact once, with its multiplicity), the catalog and the offsets. It
@@ -58,12 +63,17 @@ from pyspark.sql import types as T
 
 from factflow.arrangement.attribute import AttributeArrangement
 from factflow.arrangement.batch import DIFF, Batch
+from factflow.engine.clock import Buffered
 from factflow.engine.definition import QueryDefinition
+from factflow.engine.transaction import SLOT, WideOps
+from factflow.errors import StorageError
 from factflow.lang.rules import RuleStore
 from factflow.model.frames import spark_frame
 from factflow.model.schema import Attribute
 from factflow.model.types import Kind, spark_type
-from factflow.storage.facts import as_pandas, from_pandas, read_frame, read_tables, write_frame, write_table
+from factflow.storage.facts import (
+    as_pandas, facts_schema, from_pandas, read_frame, read_tables, write_frame, write_table,
+)
 from factflow.storage.store import CheckpointFiles, FactSource, StateStore
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -112,12 +122,15 @@ class CheckpointReport:
 class _Snapshot:
     epoch: int
     segment: int
-    attributes: list[tuple[str, str, str, dict[str, str]]]
+    attributes: list[tuple[str, str, str, dict[str, object]]]
     rules: list[str]
     queries: list[dict]
     offsets: dict[str, list[list[int]]]
     batches: dict[int, tuple[Kind, list[Batch]]]
     pause: float = 0.0
+    logged: int = 0
+    frontier: int | None = None
+    pending: list[tuple[int, dict[str, int], pa.Table]] = field(default_factory=list)
 
 
 class Durability:
@@ -138,6 +151,8 @@ class Durability:
         self.last_error: BaseException | None = None
         self.recovery: RecoveryReport | None = None
         self.recovered_queries: list[QueryDefinition] = []
+        self.epochs_logged = 0  # epoch records written or replayed since opening (event times are not consecutive)
+        self._epochs_checkpointed = 0  # epochs_logged when the newest checkpoint's snapshot was taken
 
     # ------------------------------------------------------------ opening
     @classmethod
@@ -156,6 +171,8 @@ class Durability:
                 rules.register(text)
             state.offsets.load(recovered.offsets)
             state.epoch = recovered.epoch
+            durability._restore_clock(recovered.frontier, recovered.pending)
+            durability.epochs_logged = recovered.log_epochs
             mark = time.perf_counter()
             facts = 0
             for attribute in state.schema:
@@ -177,6 +194,19 @@ class Durability:
                      recovered.epoch, recovered.checkpoint, recovered.log_records, facts,
                      durability.recovery.seconds)
         return durability
+
+    def _restore_clock(self, frontier: int | None, pending: list[tuple[int, dict[str, int], pa.Table]]) -> None:
+        """Give an event-time engine its frontier and buffered transactions back; a
+        transaction-time engine refuses a directory holding buffered transactions."""
+        clock = self.state.clock
+        if clock is None:
+            if pending:
+                raise StorageError(f"{self.store.directory} holds {len(pending)} transactions buffered for open event "
+                                   "times: open it with Engine(time='event', state_dir=...)")
+            return
+        clock.frontier = max(frontier or 1, self.state.epoch + 1)
+        for time_, offsets, table in pending:
+            clock.add(time_, Buffered(_ops_from_table(table, self.state.schema), offsets))
 
     def _load(self, arrangement: AttributeArrangement, sources: list[FactSource], epoch: int) -> int:
         """Load an attribute's facts, the sum of ``sources``, into its new arrangement; returns their rows."""
@@ -223,10 +253,19 @@ class Durability:
         """Log that a durable query was closed by its user."""
         self.store.log_query_dropped(name)
 
+    def log_pending(self, time_: int, ops: WideOps, offsets: dict[str, int]) -> None:
+        """Log a transaction buffered for the open event time ``time_`` (before it is buffered)."""
+        self.store.log_pending(time_, offsets, _ops_table(ops))
+
+    def log_frontier(self, frontier: int) -> None:
+        """Log the event-time frontier (before it moves)."""
+        self.store.log_frontier(frontier)
+
     def log_epoch(self, epoch: int, changed: dict[int, int], offsets: dict[str, int]) -> None:
         """Log ``epoch`` before it commits: the batch it appended to each changed attribute's
         forward index (inside the record when held on the driver, as Parquet files when
-        stored in Spark) and its offsets."""
+        stored in Spark) and its offsets (and, when the epoch before it is not ``epoch - 1``,
+        that epoch)."""
         small: list[tuple[int, pa.Table]] = []
         large: list[tuple[int, Kind, DataFrame, int]] = []
         for aid in sorted(changed):
@@ -239,7 +278,9 @@ class Durability:
                     small.append((aid, from_pandas(batch.local, kind)))
                 else:
                     large.append((aid, kind, batch.frame, batch.rows))
-        self.store.log_epoch(epoch, offsets, small, large)
+        after = self.state.epoch  # still the previous epoch: this one has not committed
+        self.store.log_epoch(epoch, offsets, small, large, after if after != epoch - 1 else None)
+        self.epochs_logged += 1
 
     # ------------------------------------------------------------ checkpoints
     def maybe_checkpoint(self) -> None:
@@ -247,7 +288,7 @@ class Durability:
         interval = self.config.checkpoint_interval
         if interval <= 0 or self.running or self.store.wal.failed is not None:
             return
-        behind = self.state.epoch - self.checkpointed
+        behind = self.epochs_logged - self._epochs_checkpointed
         if behind >= interval or (behind and self.store.wal.bytes_since_rotation >= self.config.checkpoint_log_bytes):
             try:
                 snapshot = self._snapshot()
@@ -305,6 +346,11 @@ class Durability:
                              [(str.__str__(a.name), a.value_type, a.semantics, a.settings) for a in state.schema],
                              list(self.rules.texts), [d.to_json() for d in state.durable_queries()],
                              state.offsets.to_json(), batches)
+        snapshot.logged = self.epochs_logged
+        if state.clock is not None:
+            snapshot.frontier = state.clock.frontier
+            snapshot.pending = [(t, b.offsets, _ops_table(b.ops)) for t, entries in state.clock.pending.items()
+                                for b in entries]
         snapshot.pause = time.perf_counter() - started
         return snapshot
 
@@ -324,12 +370,14 @@ class Durability:
             facts = {aid: CheckpointFiles(kind, self._writer(kind, batches))
                      for aid, (kind, batches) in snapshot.batches.items()}
             manifest = self.store.write_checkpoint(snapshot.epoch, snapshot.segment, snapshot.attributes,
-                                                   snapshot.rules, snapshot.queries, snapshot.offsets, facts)
+                                                   snapshot.rules, snapshot.queries, snapshot.offsets, facts,
+                                                   snapshot.frontier, snapshot.pending)
             entries = [f for entry in manifest["facts"] for f in entry["files"]]
             self.last_checkpoint = CheckpointReport(
                 snapshot.epoch, sum(e["rows"] for e in manifest["facts"]), len(entries),
                 sum(f["size"] for f in entries), time.perf_counter() - started + snapshot.pause, snapshot.pause)
             self.checkpointed = max(self.checkpointed, snapshot.epoch)
+            self._epochs_checkpointed = max(self._epochs_checkpointed, snapshot.logged)
         finally:
             for _, batches in snapshot.batches.values():
                 for batch in batches:
@@ -374,6 +422,25 @@ class Durability:
         """Wait for a running checkpoint, close the log and give the directory up."""
         self.wait()
         self.store.close()
+
+
+def _ops_schema() -> pa.Schema:
+    """The Arrow schema of buffered operations (value slots typed as facts are; instants naive UTC)."""
+    slots = [pa.field(SLOT[k], pa.timestamp("us") if k is Kind.INSTANT else facts_schema(k).field("v").type)
+             for k in Kind]
+    return pa.schema([pa.field("a", pa.int32()), pa.field("e", pa.int64()), pa.field("op", pa.int32())] + slots)
+
+
+def _ops_table(ops: WideOps) -> pa.Table:
+    """Buffered operations as an Arrow table (for the log and checkpoints)."""
+    schema = _ops_schema()
+    columns = ops.columns()
+    return pa.Table.from_arrays([pa.array(columns[f.name], f.type) for f in schema], schema=schema)
+
+
+def _ops_from_table(table: pa.Table, schema) -> WideOps:
+    """Buffered operations read back from :func:`_ops_table`'s table."""
+    return WideOps.from_columns({name: table.column(name).to_pylist() for name in table.column_names}, schema)
 
 
 def _facts_struct(kind: Kind) -> T.StructType:

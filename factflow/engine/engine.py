@@ -38,10 +38,12 @@ from factflow.engine.definition import QueryDefinition
 from factflow.engine.delivery import Deliveries
 from factflow.engine.durability import CheckpointReport, Durability, RecoveryReport
 from factflow.engine import transaction
+from factflow.engine.clock import EventClock, advance, buffer
 from factflow.engine.epoch import run_epoch, run_maintenance
 from factflow.engine.feeds import AttributeSubscriber
 from factflow.engine.granularity import Window, window_seconds
 from factflow.engine.group import plan_runs
+from factflow.engine.history import check_slack
 from factflow.engine.install import install
 from factflow.engine.introspection import Introspection
 from factflow.engine.offsets import check_offset
@@ -88,10 +90,17 @@ class Engine:
     ``introspection=True`` maintains the engine's activity as facts of reserved
     ``:factflow.*`` attributes that queries read, one epoch behind (see
     :mod:`factflow.engine.introspection`).
+
+    ``time="event"`` numbers epochs by the times transactions carry (``transact(tx,
+    time=T)``, closed by :meth:`advance_to`; see :mod:`factflow.engine.clock`) instead of
+    by arrival (``"transaction"``, the default).
     """
 
     def __init__(self, spark: SparkSession | None = None, master: str | None = None,
-                 state_dir: str | None = None, config: EngineConfig | None = None, introspection: bool = False):
+                 state_dir: str | None = None, config: EngineConfig | None = None, introspection: bool = False,
+                 time: str = "transaction"):
+        if time not in ("transaction", "event"):
+            raise FactflowError(f"time must be 'transaction' or 'event', not {time!r}")
         self._holds_session = spark is None
         self.spark = spark if spark is not None else acquire_session(master=master)
         for key, value in REQUIRED_SQL_CONF.items():
@@ -104,6 +113,9 @@ class Engine:
                                   os.path.join(self.state_dir, "indexes"))
         self.rules = RuleStore()
         self._state = EngineState(self.spark, self.config, self.policy)
+        self._state.clock = EventClock() if time == "event" else None
+        #: the time domain: "transaction" (epochs by arrival) or "event" (by the times transactions carry)
+        self.time = time
         self._lock = threading.RLock()
         self._deliveries = Deliveries()
         self._closed = False
@@ -139,7 +151,7 @@ class Engine:
         return self._state.schema
 
     def create_attribute(self, name: str, type: str = "string", semantics: str = "set", index: str = "both",
-                         support: str = "wco") -> Attribute:
+                         support: str = "wco", slack: int = 0) -> Attribute:
         """Define an attribute: ``type`` is long, double, string, boolean, ref or instant;
         ``semantics`` is set (default), raw (multiset) or one (cardinality one).
 
@@ -147,11 +159,13 @@ class Engine:
         value) or forward (e->v only; lookups by value scan it); ``support`` is wco
         (default: every join strategy, count indexes built on demand), delta (no count
         indexes: binary and delta joins) or basic (binary joins only). See
-        :mod:`factflow.planner.strategy` for how queries respect them."""
+        :mod:`factflow.planner.strategy` for how queries respect them. ``slack`` closed
+        epochs of its forward index are kept uncompacted (:mod:`factflow.engine.history`)."""
         with self._lock:
             self._check_open()
             logged = self._durability.log_attribute if self._durability else None
-            attribute = self._state.schema.create(name, type, semantics, log=logged, index=index, support=support)
+            attribute = self._state.schema.create(name, type, semantics, log=logged, index=index, support=support,
+                                                  slack=slack)
             self._state.arrange(attribute)
             return attribute
 
@@ -181,8 +195,13 @@ class Engine:
         return self._state.arrangement_of(self._state.schema.get(name))
 
     # ------------------------------------------------------------ transactions
-    def transact(self, tx: Any, source: str | None = None, offset: int | None = None) -> int:
+    def transact(self, tx: Any, source: str | None = None, offset: int | None = None, time: Any = None) -> int:
         """Apply one transaction atomically as the next epoch; returns the epoch number.
+
+        In event time (``Engine(time="event")``) ``time`` is required (and elsewhere refused):
+        the transaction is checked and buffered for that time, applied when
+        :meth:`advance_to` closes it, and its time is returned (see
+        :mod:`factflow.engine.clock`); a durable engine returns once it is logged.
 
         Every installed query is up to date when this returns, and every subscriber has been
         called with the epoch's changes (and with those of every earlier epoch). Called from
@@ -204,6 +223,9 @@ class Engine:
         subscribers receive them in increasing order.
         """
         checked = check_offset(source, offset)
+        if time is not None or self._state.clock is not None:
+            logged = self._durability.log_pending if self._durability else None
+            return self._committing(lambda: buffer(self._state, tx, time, checked, logged))
 
         def run() -> int:
             if checked is not None:
@@ -228,6 +250,8 @@ class Engine:
         same call gets the outcome of the earliest one at or above it. Delivery, durability
         and maintenance are as in :meth:`transact`.
         """
+        if self._state.clock is not None:
+            raise TransactionError("an event-time engine takes transactions one at a time: transact(tx, time=T)")
         outcomes: list[int | FactflowError | None] = [None] * len(transactions)
         if offsets is not None and len(offsets) != len(transactions):
             raise TransactionError(f"{len(offsets)} offsets given for {len(transactions)} transactions")
@@ -311,11 +335,12 @@ class Engine:
         self._check_open()
         return ingest(self, stream, source, checkpoint, on_error, trigger)
 
-    def _run_epoch(self, tx: Any, offsets: dict[str, int] | None) -> int:
-        """One epoch of ``tx``, carrying the introspection facts of the epochs before it."""
+    def _run_epoch(self, tx: Any, offsets: dict[str, int] | None, epoch: int | None = None) -> int:
+        """One epoch of ``tx`` (numbered ``epoch`` in event time), carrying the introspection
+        facts of the epochs before it."""
         step = self._introspection.step(self._state, self.epoch_log) if self._introspection else None
         epoch = run_epoch(self._state, tx, self._group, self.epoch_log, self._deliveries, offsets, self._journal,
-                          step.changes if step else None)
+                          step.changes if step else None, epoch)
         if step is not None:
             step.commit()
         return epoch
@@ -324,6 +349,20 @@ class Engine:
     def durable(self) -> bool:
         """Whether the engine keeps its state in a ``state_dir``."""
         return self._durability is not None
+
+    def advance_to(self, time: Any) -> list[int]:
+        """Event time: close every time before ``time``, applying the transactions buffered for
+        each as one epoch numbered by it, in time order; returns those epochs. Delivery,
+        durability and maintenance are as in :meth:`transact` (see :mod:`factflow.engine.clock`)."""
+        logged = self._durability.log_frontier if self._durability else None
+        return self._committing(lambda: advance(self._state, time, lambda t, ops: self._run_epoch(ops, None, t), logged))
+
+    @property
+    def frontier(self) -> int:
+        """The first epoch not closed yet: in event time the frontier (times before it are
+        closed), in transaction time the next epoch."""
+        clock = self._state.clock
+        return clock.frontier if clock is not None else self._state.epoch + 1
 
     @property
     def _journal(self):
@@ -373,7 +412,7 @@ class Engine:
     # ------------------------------------------------------------ queries
     def query(self, query: str, name: str | None = None, inputs: Sequence[Any] = (), join: str = "auto",
               semantics: str = "set", sink: Sink | Sequence[Sink] = (), granularity: float | None = None,
-              durable: bool = False, introspect: bool = True) -> Query:
+              durable: bool = False, introspect: bool = True, slack: int = 0) -> Query:
         """Register and install a query (interest): its dataflow reads the state as of now.
 
         ``inputs`` supply the ``:in`` bindings after ``$``; ``join`` picks the join strategy
@@ -393,19 +432,24 @@ class Engine:
 
         ``introspect=False`` leaves the query and its private arrangements out of the
         introspection facts of ``Engine(introspection=True)``.
+
+        ``slack`` closed epochs before the latest stay readable with ``results(as_of=...)``
+        (see :mod:`factflow.engine.history`).
         """
         sinks, seconds = sinks_of(sink), window_seconds(granularity)
+        check_slack(slack, f"query {name or '(unnamed)'}")
         with self._lock:
             self._check_open()
             if not durable:
-                return self._install(query, name, inputs, join, semantics, sinks, seconds, introspect)
+                return self._install(query, name, inputs, join, semantics, sinks, seconds, introspect, slack)
             if self._durability is None:
                 raise StorageError("durable=True needs an engine with a state_dir: there is nowhere to keep the query")
-            definition = QueryDefinition.of(name or "", query, inputs, join, semantics, sinks, seconds, introspect)
+            definition = QueryDefinition.of(name or "", query, inputs, join, semantics, sinks, seconds, introspect,
+                                            slack)
             handle = self._state.queries.get(name) if name else None
             fresh = handle is None or not handle.definition.same(definition)
             if fresh:
-                handle = self._install(query, name, inputs, join, semantics, sinks, seconds, introspect)
+                handle = self._install(query, name, inputs, join, semantics, sinks, seconds, introspect, slack)
             elif handle.durable:
                 return handle
             try:  # a new query, or the same query installed without durable=True: it becomes durable
@@ -433,10 +477,12 @@ class Engine:
 
 
     def _install(self, query: str, name: str | None, inputs: Sequence[Any], join: str, semantics: str,
-                 sinks: Sequence[Sink] = (), seconds: float | None = None, introspect: bool = True) -> Query:
+                 sinks: Sequence[Sink] = (), seconds: float | None = None, introspect: bool = True,
+                 slack: int = 0) -> Query:
         dataflow = install(self._state, self.rules, f"factflow-{self._id}-install", query, name, inputs, join,
                            semantics)
-        definition = QueryDefinition(dataflow.name, query, tuple(inputs), join, semantics, (), seconds, introspect)
+        definition = QueryDefinition(dataflow.name, query, tuple(inputs), join, semantics, (), seconds, introspect,
+                                     slack)
         handle = Query(self, dataflow, self._state.epoch, self._lock, definition)
         handle.introspect = introspect
         if seconds:
@@ -461,7 +507,7 @@ class Engine:
         for d in self._durability.recovered_queries:
             try:
                 self._install(d.text, d.name, d.inputs, d.join, d.semantics, d.sinks, d.granularity,
-                              d.introspect).durable = True
+                              d.introspect, d.slack).durable = True
                 self.recovery.queries.append(d.name)
             except FactflowError as exc:
                 log.error("durable query %s could not be installed again: %s", d.name, exc)

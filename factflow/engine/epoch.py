@@ -56,9 +56,12 @@ Journal = Callable[[int, dict[int, int], dict[str, int]], None]
 
 def run_epoch(state: EngineState, tx: Any, group_prefix: str, epoch_log: list[EpochReport],
               deliveries: Deliveries, offsets: dict[str, int] | None = None, journal: Journal | None = None,
-              known: dict[int, pd.DataFrame] | None = None) -> int:
+              known: dict[int, pd.DataFrame] | None = None, epoch: int | None = None) -> int:
     """Apply ``tx`` as the next epoch of ``state`` (jobs in the group ``<group_prefix>-<epoch>``),
     queue its changes on ``deliveries``, append its report to ``epoch_log`` and return the epoch.
+
+    The epoch is ``epoch`` when given (an event time, after the latest closed epoch),
+    else the one after the latest closed epoch.
 
     ``known`` are the engine's own effective changes of reserved attributes
     (introspection), appended with ``tx``'s (see :func:`apply_changes`); ``tx`` itself may
@@ -71,7 +74,7 @@ def run_epoch(state: EngineState, tx: Any, group_prefix: str, epoch_log: list[Ep
     raised. A failure that lost the Spark driver raises :class:`ExecutionError` without a
     rollback (the caller closes the engine).
     """
-    epoch = state.epoch + 1
+    epoch = state.epoch + 1 if epoch is None else epoch
     group = f"{group_prefix}-{epoch}"
     spark = state.spark
     sc = spark.sparkContext

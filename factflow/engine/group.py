@@ -18,64 +18,75 @@ from typing import Sequence
 
 from factflow.engine.transaction import SLOT, WideOps
 
-__all__ = ["plan_runs"]
+__all__ = ["plan_runs", "Touches", "touches"]
 
 
-class _Touches:
-    """The facts a set of transactions asserts and retracts, and the cardinality-one values it gives."""
+class Touches:
+    """The facts a set of transactions asserts and retracts, and the cardinality-one values it gives
+    (facts as ``(attribute id, entity, value)``)."""
 
     def __init__(self) -> None:
         self.asserted: set[tuple] = set()
         self.retracted: set[tuple] = set()
         self.one_values: dict[tuple[int, int], object] = {}
 
-    def conflicts_with(self, other: "_Touches") -> bool:
-        if self.asserted & other.retracted or self.retracted & other.asserted:
-            return True
-        return any(key in other.one_values and other.one_values[key] != value
-                   for key, value in self.one_values.items())
+    def conflict(self, other: "Touches") -> tuple | None:
+        """A fact, or an ``(attribute id, entity)`` of a cardinality-one attribute, that
+        ``other`` touches in a way that does not commute with this set; None if none."""
+        opposite = (self.asserted & other.retracted) | (self.retracted & other.asserted)
+        if opposite:
+            return min(opposite, key=repr)
+        return next((key for key, value in self.one_values.items()
+                     if key in other.one_values and other.one_values[key] != value), None)
 
-    def absorb(self, other: "_Touches") -> None:
+    def conflicts_with(self, other: "Touches") -> bool:
+        """Whether applying both together differs from applying them one after the other."""
+        return self.conflict(other) is not None
+
+    def absorb(self, other: "Touches") -> None:
+        """Add what ``other`` touches."""
         self.asserted |= other.asserted
         self.retracted |= other.retracted
         self.one_values.update(other.one_values)
 
 
-def _touches(ops: WideOps) -> tuple[_Touches, bool]:
-    """What one transaction touches, and whether it conflicts with itself."""
-    touches = _Touches()
+def touches(ops: WideOps) -> tuple[Touches, tuple | None]:
+    """What one transaction touches, and where it conflicts with itself (a fact both asserted
+    and retracted, or the ``(attribute id, entity)`` given two cardinality-one values), if it does."""
+    touched = Touches()
     frame = ops.frame
-    consistent = True
+    clash = None
     for attribute in ops.attributes:
         rows = frame[frame["a"] == attribute.id]
         values = rows[SLOT[attribute.kind]].tolist()
         facts = list(zip(rows["e"].tolist(), values))
         for (e, v), op in zip(facts, rows["op"].tolist()):
             fact = (attribute.id, e, v)
-            (touches.asserted if op > 0 else touches.retracted).add(fact)
+            (touched.asserted if op > 0 else touched.retracted).add(fact)
             if op > 0 and attribute.semantics == "one":
                 key = (attribute.id, e)
-                if touches.one_values.setdefault(key, v) != v:
-                    consistent = False
-    if touches.asserted & touches.retracted:
-        consistent = False
-    return touches, consistent
+                if touched.one_values.setdefault(key, v) != v and clash is None:
+                    clash = key
+    both = touched.asserted & touched.retracted
+    if both:
+        clash = min(both, key=repr)
+    return touched, clash
 
 
 def plan_runs(transactions: Sequence[WideOps]) -> list[list[int]]:
     """Positions of ``transactions`` cut, in order, into runs that can each be one epoch."""
     runs: list[list[int]] = []
-    current: _Touches | None = None
+    current: Touches | None = None
     for position, ops in enumerate(transactions):
-        touches, consistent = _touches(ops)
-        if not consistent:
+        touched, clash = touches(ops)
+        if clash is not None:
             runs.append([position])
             current = None
             continue
-        if current is None or current.conflicts_with(touches):
+        if current is None or current.conflicts_with(touched):
             runs.append([position])
-            current = touches
+            current = touched
             continue
         runs[-1].append(position)
-        current.absorb(touches)
+        current.absorb(touched)
     return runs

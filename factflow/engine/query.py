@@ -16,7 +16,7 @@ from factflow.dataflow.zset import ident
 from factflow.engine.definition import QueryDefinition
 from factflow.engine.granularity import Window
 from factflow.engine.pull import PullView
-from factflow.engine.history import changes_sql, oldest_available
+from factflow.engine.history import History, changes_sql, oldest_available
 from factflow.engine.rows import changes_from_frame, consolidated, python_rows
 from factflow.errors import EngineClosedError, HistoryCompactedError, QueryError
 from factflow.io.sinks import CHANGE, Sink, SinkWriter
@@ -48,6 +48,9 @@ class Query:
     returns an arbitrary one; factflow keeps it deterministic). A pull expression's
     position holds a :class:`factflow.PullMap` (see :mod:`factflow.engine.pull`); rows with
     pulls are kept on the driver, so reading them runs no Spark job.
+    A query installed with ``slack=N`` also answers ``results(as_of=E)`` and
+    ``rows(as_of=E)`` for the N closed epochs before the latest (see
+    :mod:`factflow.engine.history`).
     ``subscribe(fn)`` calls ``fn(epoch, [(row, diff), ...])`` after every epoch in which
     the result changed; summing the diffs from the install epoch on gives ``results()``.
     ``changes_frame(since)`` gives those changes as a Spark DataFrame, ``write_to(path)``
@@ -73,6 +76,8 @@ class Query:
         self.installed_at = installed_at
         #: what the query was installed from (a durable engine keeps it to install it again)
         self.definition = definition
+        #: closed epochs before the latest that ``rows(as_of=...)`` can read
+        self.slack = definition.slack
         #: whether it is installed again when its engine's state directory is reopened
         self.durable = False
         #: whether ``Engine(introspection=True)`` describes it (``Engine.query(introspect=...)``)
@@ -105,22 +110,26 @@ class Query:
             return rows
         return [tuple(d(x) if d else x for d, x in zip(decoders, row)) for row in rows]
 
-    def rows(self) -> dict[tuple, int]:
-        """The result as of the latest closed epoch as ``{row_tuple: multiplicity}``, whatever
-        the find spec (read under the engine lock, see the class docs)."""
+    def rows(self, as_of: int | None = None) -> dict[tuple, int]:
+        """The result as of the latest closed epoch (or of the epoch ``as_of``, within the
+        query's slack: :class:`factflow.HistoryError` otherwise) as ``{row_tuple:
+        multiplicity}``, whatever the find spec (read under the engine lock, see the class docs)."""
         with self._lock:
             if self._pull is not None:
                 self._check()
+                if as_of is not None:
+                    raise QueryError(f"query {self.name}: as_of reads are not supported for pull queries yet")
                 return self._pull.results()
-            frame = self._engine.spark.sql(self._current_sql())
+            frame = self._engine.spark.sql(self._current_sql(as_of))
             self._engine.spark.sparkContext.setJobDescription(f"results of {self.name}")
             data = frame.toArrow().to_pandas()
         rows = self._decode(python_rows(data, self._report()))
         return dict(zip(rows, data[DIFF].astype("int64").tolist()))
 
-    def results(self) -> Any:
-        """The result as of the latest closed epoch, shaped by the find spec (see the class docs)."""
-        rows = self.rows()
+    def results(self, as_of: int | None = None) -> Any:
+        """The result as of the latest closed epoch (or of ``as_of``, as in :meth:`rows`),
+        shaped by the find spec (see the class docs)."""
+        rows = self.rows(as_of)
         kind = self.dataflow.find_kind
         if kind == "rel":
             return rows
@@ -151,11 +160,14 @@ class Query:
                 frame = frame.localCheckpoint(eager=True)
         return frame
 
-    def _current_sql(self) -> str:
-        """SQL of the consolidated result as of the latest closed epoch (call under the engine lock)."""
+    def _current_sql(self, as_of: int | None = None) -> str:
+        """SQL of the consolidated result as of the latest closed epoch, or ``as_of`` (call under the engine lock)."""
         self._check()
         result = self.dataflow.result
-        updates = result.handle.read(self._engine.epoch)
+        epoch = self._engine.epoch
+        if as_of is not None:
+            epoch = History.check(result.handle, as_of, self.installed_at, epoch, f"query {self.name}")
+        updates = result.handle.read(epoch)
         if isinstance(result, Distinct):
             counts = zset.present(updates, result.names)
         else:
@@ -212,19 +224,22 @@ class Query:
     def changes_frame(self, since: int | None = None) -> DataFrame:
         """The result's changes in every epoch after ``since`` as a Spark DataFrame: the
         find elements' columns (named as in :meth:`frame`), ``diff`` and ``epoch``, each row
-        and epoch once, consolidated as subscribers receive them. ``since=None`` means from
-        the install on: the install epoch's rows are then the whole result as of it.
+        and epoch once, consolidated as subscribers receive them.
 
-        History is kept back to :func:`factflow.engine.history.oldest_available`; an older
-        ``since`` raises :class:`HistoryCompactedError` naming both epochs. The frame is
-        fixed and valid like :meth:`frame`'s.
+        History is kept back to :func:`factflow.engine.history.oldest_available`: a query's
+        result trace compacts to the latest epoch less its ``slack`` (``db.query(...,
+        slack=N)``). ``since=None`` means as far back as is kept: from the install on while
+        its history is there (the install epoch's rows are then the whole result as of
+        it), else after the oldest epoch kept. An older ``since`` raises
+        :class:`HistoryCompactedError` naming both epochs. The frame is fixed and valid like
+        :meth:`frame`'s.
         """
         with self._lock:
             self._check()
-            start = self.installed_at - 1 if since is None else since
+            oldest = oldest_available(self)
+            start = max(self.installed_at - 1, oldest) if since is None else since
             if not isinstance(start, int) or isinstance(start, bool):
                 raise QueryError(f"since must be an epoch number, not {since!r}")
-            oldest = oldest_available(self)
             if start < oldest:
                 raise HistoryCompactedError(
                     f"query {self.name}: the changes after epoch {start} are compacted away; the oldest epoch "

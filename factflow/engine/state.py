@@ -5,8 +5,9 @@ transactions read it), the installed queries, the rule relations they share, and
 latest closed epoch. An epoch first appends its changes past that epoch (see
 :mod:`factflow.engine.apply` and :meth:`EngineState.evaluate`); then either
 
-* it commits: :meth:`EngineState.advance` moves every reader's handle to the new epoch,
-  allowing compaction, and :meth:`EngineState.maintain` merges the batches of what
+* it commits: :meth:`EngineState.advance` moves every reader's handle to the new epoch
+  (or, for a slack, to an earlier one: see :mod:`factflow.engine.history`), allowing
+  compaction, and :meth:`EngineState.maintain` merges the batches of what
   changed; or
 * it fails: :meth:`EngineState.rollback` truncates every trace back to the closed epoch,
   so no partial epoch is ever visible.
@@ -29,6 +30,7 @@ from factflow.engine.config import EngineConfig
 from factflow.engine.definition import QueryDefinition
 from factflow.engine.evaluation import Evaluation
 from factflow.engine.feeds import AttributeFeed
+from factflow.engine.history import History, private_handles
 from factflow.engine.offsets import SourceOffsets
 from factflow.errors import QueryError
 from factflow.model.schema import Attribute, Schema
@@ -36,6 +38,7 @@ from factflow.planner.shared import SharedRules
 from factflow.planner.synthesis import Dataflow
 
 if TYPE_CHECKING:  # pragma: no cover
+    from factflow.engine.clock import EventClock
     from factflow.engine.query import Query
 
 __all__ = ["EngineState"]
@@ -43,7 +46,8 @@ __all__ = ["EngineState"]
 
 class EngineState:
     """An engine's schema, arrangements, installed queries, shared rules, latest closed epoch,
-    and the offsets applied per source."""
+    the offsets applied per source, the closed epochs kept readable (``history``) and, in
+    event time, the frontier and the transactions buffered for open times (``clock``)."""
 
     def __init__(self, spark: SparkSession, config: EngineConfig, policy: MergePolicy):
         self.spark = spark
@@ -57,6 +61,8 @@ class EngineState:
         self.shared = SharedRules()
         self.epoch = 0
         self.offsets = SourceOffsets(config.offset_history)
+        self.history = History()
+        self.clock: EventClock | None = None
         self._query_counter = 0
         self.unmaintained: list[tuple[int, set[int], list[Query]]] = []  # (epoch, attribute ids, queries)
 
@@ -131,14 +137,23 @@ class EngineState:
         return evaluation.run(nodes, subscribed, what), evaluation.kept
 
     def advance(self, epoch: int) -> None:
-        """Move every reader to the committed ``epoch``, allowing traces to compact up to it."""
-        for h in self.tx_handles.values():
-            h.advance(epoch)
-        handles, traces = self.held_by([q.dataflow for q in self.queries.values()])
+        """Move every reader to the committed ``epoch``, allowing traces to compact up to it;
+        the transactions' handle on an attribute with slack, and a query's handle on its result
+        with slack, only as far as the slack lets them (see :mod:`factflow.engine.history`)."""
+        slacks = [self.schema.by_id(aid).slack for aid in self.tx_handles]
+        queries = list(self.queries.values())
+        self.history.close(epoch, max(slacks + [q.slack for q in queries] + [0]))
+        for h, slack in zip(self.tx_handles.values(), slacks):
+            h.advance(self.history.frontier(slack))
+        handles, traces = self.held_by([q.dataflow for q in queries])
         for h in handles:
             h.advance(epoch)
         for trace in traces:
             trace.advance_upper(epoch + 1)
+        for q in queries:
+            result = q.dataflow.result.handle
+            for h in private_handles(q.dataflow.stateful):
+                h.advance(self.history.frontier(q.slack) if h is result else epoch)
 
     def defer_maintenance(self, epoch: int, changed: dict[int, int], affected: Sequence[Query]) -> None:
         """Record the traces ``epoch`` appended to, for :meth:`maintain` to merge after delivery."""

@@ -42,7 +42,7 @@ from factflow.model.schema import Attribute, Schema
 from factflow.dataflow.statement import Statement
 from factflow.model.types import Kind, coerce_value, python_type_name, spark_type, sql_type
 
-__all__ = ["PreparedTransaction", "WideOps", "prepare", "read_ops", "combine", "effective_changes", "format_errors", "SLOT", "TX_SCHEMA", "ERR"]
+__all__ = ["PreparedTransaction", "WideOps", "prepare", "read_ops", "read_wide", "combine", "effective_changes", "format_errors", "SLOT", "TX_SCHEMA", "ERR"]
 
 SLOT = {Kind.LONG: "vl", Kind.DOUBLE: "vd", Kind.STRING: "vs", Kind.BOOLEAN: "vb", Kind.INSTANT: "vt"}
 ERR = "err"
@@ -83,7 +83,36 @@ def prepare(tx: Any, schema: Schema, spark: SparkSession, local_limit: int) -> P
         return _from_pandas(tx, schema, spark, local_limit)
     if isinstance(tx, (str, list, tuple)):
         return _from_wide(read_ops(tx, schema), spark, local_limit)
-    raise TransactionError(
+    raise _unsupported(tx)
+
+
+def read_wide(tx: Any, schema: Schema, spark: SparkSession, local_limit: int) -> WideOps:
+    """A transaction in any input form checked against the schema (operations, attributes,
+    value types) and held on the driver in wide form, to be applied later (event time).
+
+    A Spark DataFrame is fetched to the driver; one of more than ``local_limit`` rows is
+    rejected (a bulk load is applied at once, in transaction time)."""
+    if isinstance(tx, WideOps):
+        return tx
+    if isinstance(tx, DataFrame):
+        tx = in_session(tx, spark)
+        spark.sparkContext.setJobDescription("fetch a buffered transaction DataFrame")
+        if tx.limit(local_limit + 1).count() > local_limit:
+            raise TransactionError(f"a transaction DataFrame of more than {local_limit} rows (EngineConfig.local_limit) "
+                                   "cannot be buffered for an event time; load it in transaction time or in parts")
+        text = "v" in tx.columns and isinstance(tx.schema["v"].dataType, T.StringType)
+        tx = _fetch_text(tx, schema, spark) if text else tx.toArrow().to_pandas()  # text converted as in prepare
+    if isinstance(tx, (pd.DataFrame, WideOps)):
+        wide = tx if isinstance(tx, WideOps) else _wide_from_pandas(tx, schema)
+        frame = wide.frame.astype(object)
+        return WideOps(frame.where(frame.notna(), None), wide.attributes)
+    if isinstance(tx, (str, list, tuple)):
+        return read_ops(tx, schema)
+    raise _unsupported(tx)
+
+
+def _unsupported(tx: Any) -> TransactionError:
+    return TransactionError(
         f"a transaction must be a list of [op e a v] operations, EDN text, or a pandas/Spark DataFrame; "
         f"got {type(tx).__name__}"
     )
@@ -92,10 +121,12 @@ def prepare(tx: Any, schema: Schema, spark: SparkSession, local_limit: int) -> P
 # ------------------------------------------------------------------ input forms
 
 def _wide_pandas(a, e, op, values: dict[Kind, list]) -> pd.DataFrame:
+    """The wide frame; value slots stay Python objects (a slot of ints and Nones would
+    otherwise become float64 and round longs beyond 2**53)."""
     data = {"a": pd.Series(a, dtype="int32"), "e": pd.Series(e, dtype="int64"), "op": pd.Series(op, dtype="int32")}
     n = len(a)
     for kind in Kind:
-        data[SLOT[kind]] = values.get(kind, [None] * n)
+        data[SLOT[kind]] = pd.Series(values.get(kind, [None] * n), dtype=object)
     return pd.DataFrame(data)
 
 
@@ -105,6 +136,17 @@ class WideOps:
 
     frame: pd.DataFrame
     attributes: list[Attribute]
+
+    def columns(self) -> dict[str, list]:
+        """The operations column by column: ``a``, ``e``, ``op`` and the value slots (None where empty)."""
+        frame = self.frame[["a", "e", "op", *SLOT.values()]].astype(object)
+        return {name: values.tolist() for name, values in frame.where(frame.notna(), None).items()}
+
+    @classmethod
+    def from_columns(cls, columns: dict[str, list], schema: Schema) -> "WideOps":
+        """Operations from what :meth:`columns` gave (their attributes looked up by id in ``schema``)."""
+        frame = _wide_pandas(columns["a"], columns["e"], columns["op"], {k: columns[SLOT[k]] for k in Kind})
+        return cls(frame, [schema.by_id(int(a)) for a in dict.fromkeys(columns["a"])])
 
 
 def read_ops(tx: Any, schema: Schema) -> WideOps:
@@ -173,11 +215,16 @@ def _entities_by_attribute(frame: pd.DataFrame) -> dict[int, list[int]]:
 
 
 def _from_pandas(tx: pd.DataFrame, schema: Schema, spark: SparkSession, local_limit: int) -> PreparedTransaction:
+    return _from_wide(_wide_from_pandas(tx, schema), spark, local_limit)
+
+
+def _wide_from_pandas(tx: pd.DataFrame, schema: Schema) -> WideOps:
+    """A pandas transaction checked against the schema, in wide form (typed columns)."""
     missing = {"e", "a", "v"} - set(tx.columns)
     if missing:
         raise TransactionError(f"a transaction DataFrame needs columns e, a, v (and optionally added); missing {sorted(missing)}")
     if tx.empty:
-        return PreparedTransaction(spark_frame(spark, _wide_pandas([], [], [], {}), TX_SCHEMA), [], 0, True)
+        return WideOps(_wide_pandas([], [], [], {}), [])
     tx = tx.reset_index(drop=True)  # rows are matched by position below, whatever index the caller's frame has
     names = tx["a"].astype(str)
     attributes: dict[str, Attribute] = {}
@@ -208,8 +255,7 @@ def _from_pandas(tx: pd.DataFrame, schema: Schema, spark: SparkSession, local_li
     for kind in (Kind.LONG, Kind.DOUBLE, Kind.BOOLEAN):
         wide[SLOT[kind]] = wide[SLOT[kind]].astype({Kind.LONG: "Int64", Kind.DOUBLE: "Float64",
                                                      Kind.BOOLEAN: "boolean"}[kind])
-    return PreparedTransaction(spark_frame(spark, wide, TX_SCHEMA), list(attributes.values()), len(wide),
-                               len(wide) <= local_limit, _entities_by_attribute(wide))
+    return WideOps(wide, list(attributes.values()))
 
 
 def _typed_values(values: pd.Series, attribute: Attribute) -> pd.Series:

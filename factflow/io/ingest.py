@@ -19,6 +19,17 @@ raised from the batch, which stops the query with it as its exception (a restart
 the batch again, e.g. once the missing attribute exists). Any other failure (Spark,
 storage) stops the query too.
 
+Event time (``Engine(time="event")``): the stream must have a column ``t`` holding each
+fact's event time (a positive integer or a timestamp, see :mod:`factflow.engine.clock`).
+Batch ``N`` is split by time: the facts of each of its times are one transaction
+buffered for that time, ``db.transact(part, time=T, source=NAME, offset=N * 2**20 + i)``
+(``i`` the time's rank in the batch), so a replayed batch is skipped time by time; the
+times close when the application calls ``db.advance_to``. A batch with a time before
+the frontier (late) or a missing time is rejected whole, before anything is buffered; a
+part that the engine rejects later (a value that does not convert, a conflict with what
+is buffered for its time) is rejected with the parts after it, the parts before it stay
+buffered (the error names the time).
+
 Spark jobs of a batch outside its epoch (the rejected batch's files) run in the job group
 ``factflow-ingest-<NAME>-<N>`` described ``factflow ingest NAME batch N``; the epoch's
 own jobs run in the engine's epoch group, and the log says which epoch each batch became.
@@ -34,7 +45,8 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from factflow.errors import IngestError, TransactionError
+from factflow.engine.clock import event_time
+from factflow.errors import IngestError, LateTransactionError, TransactionError
 
 if TYPE_CHECKING:  # pragma: no cover
     from factflow.engine.engine import Engine
@@ -69,9 +81,11 @@ def ingest(db: "Engine", stream: DataFrame, source: str, checkpoint: str, on_err
     if missing:
         raise IngestError(f"ingest {source}: the stream lacks column(s) {', '.join(missing)} "
                           f"(it has {', '.join(stream.columns)})")
-    if "t" in stream.columns:
-        raise IngestError(f"ingest {source}: column t (event time) is not supported yet; drop it or rename it")
-    columns = [F.col("e"), F.col("a"), F.col("v")]
+    event = db.time == "event"
+    if event != ("t" in stream.columns):
+        raise IngestError(f"ingest {source}: " + ("an engine in event time needs a column t with each fact's time"
+                                                  if event else "column t (event time) needs Engine(time='event')"))
+    columns = [F.col("e"), F.col("a"), F.col("v")] + ([F.col("t")] if event else [])
     if "added" in stream.columns:  # a JSON line without the field reads as NULL: an assertion
         columns.append(F.when(F.col("added").isNull(), F.lit(True)).otherwise(F.col("added")).alias("added"))
     writer = (stream.select(*columns).writeStream
@@ -94,7 +108,8 @@ def _batch_applier(db: "Engine", source: str, checkpoint: str, on_error: str) ->
         label(batch_id)
         batch = batch.persist()  # an epoch reads its transaction several times: the source once
         try:
-            epoch = db.transact(batch, source=source, offset=batch_id)
+            epoch = _apply_by_time(db, batch, source, batch_id) if db.time == "event" else \
+                db.transact(batch, source=source, offset=batch_id)
         except TransactionError as exc:
             path = rejected_path(checkpoint, batch_id)
             label(batch_id)  # the epoch labelled its own jobs
@@ -103,9 +118,31 @@ def _batch_applier(db: "Engine", source: str, checkpoint: str, on_error: str) ->
                         "skipped" if on_error == "skip" else "the stream stops", path, exc)
             if on_error == "stop":
                 raise
-            epoch = db.transact([], source=source, offset=batch_id)  # records the offset: never retried
+            epoch = (db.transact([], time=db.frontier, source=source, offset=batch_id * TIMES_PER_BATCH)
+                     if db.time == "event" else db.transact([], source=source, offset=batch_id))  # never retried
         finally:
             batch.unpersist()
         log.info("ingest %s: batch %d is epoch %d", source, batch_id, epoch)
 
     return apply
+
+
+#: Event time: offsets per batch, one per time in it (batch N's times get N * TIMES_PER_BATCH + rank).
+TIMES_PER_BATCH = 2**20
+
+
+def _apply_by_time(db: "Engine", batch: DataFrame, source: str, batch_id: int) -> int:
+    """Buffer an event-time batch, one transaction per time in it; returns its latest time."""
+    times = [row[0] for row in batch.select("t").distinct().orderBy("t").collect()]  # the batch's times, not facts
+    if None in times:
+        raise TransactionError(f"batch {batch_id} of {source}: a fact has no event time (column t is null)")
+    if len(times) > TIMES_PER_BATCH:
+        raise TransactionError(f"batch {batch_id} of {source}: {len(times)} distinct times, at most {TIMES_PER_BATCH}")
+    if times and event_time(times[0]) < db.frontier:
+        raise LateTransactionError(f"batch {batch_id} of {source} is late: time {times[0]} is before the frontier "
+                                   f"{db.frontier}")
+    latest = db.frontier
+    for rank, at in enumerate(times):
+        part = batch.where(F.col("t") == F.lit(at)).drop("t")
+        latest = db.transact(part, time=at, source=source, offset=batch_id * TIMES_PER_BATCH + rank)
+    return latest

@@ -45,7 +45,7 @@ def normalize_attribute_name(name: object) -> Keyword:
 @dataclass(frozen=True)
 class Attribute:
     """One attribute: ``name`` (``:ns/name``), ``value_type``, input ``semantics``, a numeric
-    id, and the indexes it keeps (``index``, ``support``).
+    id, the indexes it keeps (``index``, ``support``) and its history (``slack``).
 
     Semantics: ``set`` (a fact is present or not), ``raw`` (a multiset: each assertion adds
     one occurrence, each retraction removes one) or ``one`` (cardinality one: asserting a
@@ -53,7 +53,8 @@ class Attribute:
 
     ``index`` (:data:`INDEX_DIRECTIONS`) and ``support`` (:data:`QUERY_SUPPORT`) bound the
     faces of its shared arrangement (:meth:`keeps`) and the join strategies that may read
-    it (:func:`support_allows`).
+    it (:func:`support_allows`). ``slack``: how many closed epochs before the latest its forward
+    index keeps distinct (uncompacted; see :mod:`factflow.engine.history`).
     """
 
     name: Keyword
@@ -62,6 +63,7 @@ class Attribute:
     id: int
     index: str = "both"
     support: str = "wco"
+    slack: int = 0
 
     def keeps(self, face: str) -> bool:
         """Whether this attribute may have the index ``face`` (forward, reverse, count_e, count_v)."""
@@ -75,8 +77,9 @@ class Attribute:
 
     @property
     def settings(self) -> dict[str, str]:
-        """The index settings as given to ``create_attribute`` (stored in the durable catalog)."""
-        return {"index": self.index, "support": self.support}
+        """The settings as given to ``create_attribute`` beyond type and semantics (stored in
+        the durable catalog)."""
+        return {"index": self.index, "support": self.support, "slack": self.slack}
 
     @property
     def reserved(self) -> bool:
@@ -103,7 +106,7 @@ class Schema:
 
     def create(self, name: object, value_type: str, semantics: str = "set",
                log: Callable[[Attribute], None] | None = None, index: str = "both", support: str = "wco",
-               reserved: bool = False) -> Attribute:
+               slack: int = 0, reserved: bool = False) -> Attribute:
         """Define an attribute; defining the same attribute identically again is a no-op.
 
         A new attribute is passed to ``log`` before it is added (if it raises, nothing is).
@@ -112,6 +115,8 @@ class Schema:
         if str.__str__(key).startswith(RESERVED_PREFIX) and not reserved:
             raise SchemaError(f"invalid attribute name {key}: names under {RESERVED_PREFIX!r} are reserved "
                               "for the engine's introspection attributes")
+        if isinstance(slack, bool) or not isinstance(slack, int) or slack < 0:
+            raise SchemaError(f"attribute {key}: slack must be a non-negative integer, not {slack!r}")
         if value_type not in VALUE_TYPES:
             raise SchemaError(f"attribute {key}: unknown type {value_type!r}; use one of {', '.join(VALUE_TYPES)}")
         if semantics not in SEMANTICS:
@@ -121,16 +126,16 @@ class Schema:
         if support not in QUERY_SUPPORT:
             raise SchemaError(f"attribute {key}: unknown support {support!r}; use one of {', '.join(QUERY_SUPPORT)}")
         existing = self._by_name.get(key)
-        wanted = (value_type, semantics, index, support)
+        wanted = (value_type, semantics, index, support, str(slack))
         if existing is not None:
-            have = (existing.value_type, existing.semantics, existing.index, existing.support)
+            have = (existing.value_type, existing.semantics, existing.index, existing.support, str(existing.slack))
             if have == wanted:
                 return existing
             raise SchemaError(
-                f"attribute {key} already exists as {'/'.join(have)} (type/semantics/index/support); "
+                f"attribute {key} already exists as {'/'.join(have)} (type/semantics/index/support/slack); "
                 f"cannot redefine it as {'/'.join(wanted)}"
             )
-        attribute = Attribute(key, value_type, semantics, len(self._by_id), index, support)
+        attribute = Attribute(key, value_type, semantics, len(self._by_id), index, support, slack)
         if log is not None:
             log(attribute)
         self._by_name[key] = attribute

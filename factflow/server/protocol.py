@@ -30,7 +30,7 @@ _NUMBER = (int, float)
 OPS: dict[str, tuple[tuple[str, Any, bool], ...]] = {
     "hello": (("protocol", int, True), ("token", str, False)),
     "create-attribute": (("name", str, True), ("type", str, False), ("semantics", str, False),
-                         ("index", str, False), ("support", str, False)),
+                         ("index", str, False), ("support", str, False), ("slack", int, False)),
     "transact": (("tx", (list, str), True),),
     "register": (("rules", str, True),),
     "interest": (("name", str, False), ("query", str, True), ("inputs", list, False), ("join", str, False),

@@ -169,17 +169,19 @@ class Worker:
 
     # ------------------------------------------------------------ the ops
     def _op_create_attribute(self, listener: Listener, name: str, type: str = "string",
-                             semantics: str = "set", index: str = "both", support: str = "wco") -> dict:
+                             semantics: str = "set", index: str = "both", support: str = "wco",
+                             slack: int = 0) -> dict:
         try:
             existing = self.engine.schema.get(name)
         except SchemaError:
             existing = None
-        if existing is not None and ((existing.value_type, existing.semantics, existing.index, existing.support)
-                                     != (type, semantics, index, support)):
+        if existing is not None and ((existing.value_type, existing.semantics, existing.index, existing.support,
+                                      existing.slack) != (type, semantics, index, support, slack)):
             raise ProtocolError("conflict", f"attribute {existing.name} already exists as {existing.value_type}/"
-                                            f"{existing.semantics}/{existing.index}/{existing.support} "
-                                            "(type/semantics/index/support)")
-        attribute = self.engine.create_attribute(name, type=type, semantics=semantics, index=index, support=support)
+                                            f"{existing.semantics}/{existing.index}/{existing.support}/"
+                                            f"{existing.slack} (type/semantics/index/support/slack)")
+        attribute = self.engine.create_attribute(name, type=type, semantics=semantics, index=index, support=support,
+                                                 slack=slack)
         return {"name": str(attribute.name), "type": attribute.value_type, "semantics": attribute.semantics,
                 **attribute.settings}
 

@@ -24,6 +24,7 @@ reads into arrangements and what the engine does into records.
 
 from __future__ import annotations
 
+import base64
 import logging
 import os
 import re
@@ -69,14 +70,16 @@ class Recovered:
     """What :meth:`StateStore.recover` read: the catalog, offsets and facts as of ``epoch``.
 
     ``attributes``: ``(name, type, semantics, settings)`` in id order (``settings``: the
-    ``create_attribute`` keywords beyond those, e.g. ``index`` and ``support``; empty in
+    ``create_attribute`` keywords beyond those, e.g. ``index``, ``support`` and ``slack``; empty in
     directories written before them); ``rules``: registered rule
     texts in order; ``queries``: the definitions of durable queries by name, in install
     order (JSON objects, see :class:`factflow.engine.definition.QueryDefinition`); ``offsets``: per source the ``[offset, epoch]`` pairs retained;
     ``facts``: per attribute id, the sources whose rows sum to its facts (the checkpoint's
     files first, then the changes of every later epoch). ``checkpoint``: the epoch of the checkpoint
     used (None: the log from its start). ``refused``: damage found in newer checkpoints;
-    ``torn``: what a torn log tail lost (never an acknowledged epoch).
+    ``torn``: what a torn log tail lost (never an acknowledged epoch). Event time:
+    ``frontier`` (None: never logged) and ``pending``, the transactions buffered for open
+    times as ``(time, offsets, operations table)`` in arrival order.
     """
 
     epoch: int = 0
@@ -90,6 +93,8 @@ class Recovered:
     log_epochs: int = 0
     refused: list[str] = field(default_factory=list)
     torn: list[str] = field(default_factory=list)
+    frontier: int | None = None
+    pending: list[tuple[int, dict[str, int], pa.Table]] = field(default_factory=list)
 
 
 @dataclass
@@ -175,6 +180,9 @@ class StateStore:
             for entry in manifest["facts"]:
                 if entry["rows"]:
                     out.facts[entry["attribute"]] = [FactSource(entry["rows"], directory=path, files=entry["files"])]
+            out.frontier = manifest.get("frontier")
+            out.pending = [(p["time"], p["offsets"], from_ipc(base64.b64decode(p["ops"])))
+                           for p in manifest.get("pending", [])]
             first_segment = manifest["log_segment"]
             self.good = [(out.epoch, first_segment)]
             break
@@ -216,8 +224,9 @@ class StateStore:
             out.queries.pop(meta["name"], None)
         elif kind == "epoch":
             epoch = meta["epoch"]
-            if epoch != out.epoch + 1:
+            if meta.get("after", epoch - 1) != out.epoch or epoch <= out.epoch:
                 raise CorruptStateError(f"{segment} holds epoch {epoch} after epoch {out.epoch}")
+            out.pending = [p for p in out.pending if p[0] > epoch]  # applied by this epoch
             for change in meta["changes"]:
                 aid = change["attribute"]
                 if "blob" in change:
@@ -232,6 +241,12 @@ class StateStore:
                 out.offsets.setdefault(source, []).append([offset, epoch])
             out.epoch = epoch
             out.log_epochs += 1
+        elif kind == "pending":
+            out.pending.append((meta["time"], meta["offsets"], from_ipc(record.blobs[0])))
+            for source, offset in meta["offsets"].items():
+                out.offsets.setdefault(source, []).append([offset, meta["time"]])
+        elif kind == "frontier":
+            out.frontier = max(out.frontier or 0, meta["frontier"])
         else:
             raise CorruptStateError(f"{segment} holds a record of unknown type {kind!r}")
 
@@ -242,6 +257,13 @@ class StateStore:
         ``create_attribute`` keywords (an optional field: older records have none)."""
         self.wal.append(LogRecord({"type": "attribute", "id": id, "name": name, "value_type": value_type,
                                    "semantics": semantics, "settings": dict(settings or {})}))
+    def log_pending(self, time: int, offsets: dict[str, int], ops: pa.Table) -> None:
+        """Log a transaction buffered for the open event ``time`` (durable on return)."""
+        self.wal.append(LogRecord({"type": "pending", "time": time, "offsets": offsets}, [to_ipc(ops)]))
+
+    def log_frontier(self, frontier: int) -> None:
+        """Log that every event time before ``frontier`` is closed (durable on return)."""
+        self.wal.append(LogRecord({"type": "frontier", "frontier": frontier}))
 
     def log_rules(self, text: str) -> None:
         """Log registered rules (durable on return)."""
@@ -256,10 +278,11 @@ class StateStore:
         self.wal.append(LogRecord({"type": "query-dropped", "name": name}))
 
     def log_epoch(self, epoch: int, offsets: dict[str, int], small: Sequence[tuple[int, pa.Table]],
-                  large: Sequence[tuple[int, Kind, DataFrame, int]]) -> None:
+                  large: Sequence[tuple[int, Kind, DataFrame, int]], after: int | None = None) -> None:
         """Log a committed epoch (durable on return): its offsets, its small changes per
         attribute id as Arrow tables inside the record, its large ones (Spark frames with
-        their row counts) as Parquet files under ``wal/bulk-<epoch>`` written first."""
+        their row counts) as Parquet files under ``wal/bulk-<epoch>`` written first.
+        ``after``: the epoch before it, when that is not ``epoch - 1`` (event time)."""
         changes: list[dict] = []
         blobs: list[bytes] = []
         for aid, table in small:
@@ -274,7 +297,8 @@ class StateStore:
                 changes.append({"attribute": aid, "rows": rows, "dir": name, "files": files})
                 self.wal.bytes_since_rotation += sum(f["size"] for f in files)
             fsync_dir(self.wal.directory)
-        self.wal.append(LogRecord({"type": "epoch", "epoch": epoch, "offsets": offsets, "changes": changes}, blobs))
+        meta = {"type": "epoch", "epoch": epoch, "offsets": offsets, "changes": changes}
+        self.wal.append(LogRecord(dict(meta, after=after) if after is not None else meta, blobs))
 
     # ------------------------------------------------------------ checkpoints
     def begin_checkpoint(self) -> int:
@@ -283,11 +307,13 @@ class StateStore:
 
     def write_checkpoint(self, epoch: int, log_segment: int, attributes: list[tuple[str, str, str, dict]],
                          rules: list[str], queries: list[dict], offsets: dict[str, list[list[int]]],
-                         facts: dict[int, CheckpointFiles]) -> dict:
+                         facts: dict[int, CheckpointFiles], frontier: int | None = None,
+                         pending: Sequence[tuple[int, dict[str, int], pa.Table]] = ()) -> dict:
         """Write the checkpoint of ``epoch`` (files, checked by reading them back, then the
         manifest), then remove what it makes obsolete: checkpoints other than this one and
         the previous valid one, log segments before the previous one's, and the bulk files
-        they referenced. Returns the manifest. Safe to run beside epochs being logged."""
+        they referenced. Returns the manifest. Safe to run beside epochs being logged.
+        An event-time engine's ``frontier`` and ``pending`` transactions go into the manifest."""
         path = self._checkpoint_path(epoch)
         shutil.rmtree(path, ignore_errors=True)
         os.makedirs(path)
@@ -302,6 +328,10 @@ class StateStore:
         manifest = {"format": _FORMAT_NAME, "version": FORMAT_VERSION, "epoch": epoch, "log_segment": log_segment,
                     "written": time.time(), "attributes": [list(a) for a in attributes], "rules": list(rules),
                     "queries": list(queries), "offsets": offsets, "facts": entries}
+        if frontier is not None:
+            manifest["frontier"] = frontier
+            manifest["pending"] = [{"time": t, "offsets": o, "ops": base64.b64encode(to_ipc(table)).decode()}
+                                   for t, o, table in pending]
         write_atomic(os.path.join(path, "manifest.json"), sealed_json(manifest))
         fsync_dir(self.checkpoints_dir)
         open_sealed_json(os.path.join(path, "manifest.json"))

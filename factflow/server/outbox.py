@@ -113,9 +113,11 @@ class Outbox:
         self._ready.set()
 
     def set_granularity(self, query: str, seconds: float | None) -> None:
-        """At most one diff message of ``query`` per ``seconds`` (None or 0: every epoch)."""
+        """At most one diff message of ``query`` per ``seconds`` (None or 0: every epoch);
+        the first window starts now, with the whole result the interest has just queued."""
         if seconds:
-            self._throttles[query] = Throttle(seconds)
+            self._throttles[query] = throttle = Throttle(seconds)
+            throttle.sent(time.monotonic())
         else:
             self._throttles.pop(query, None)
 

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 
 import pandas as pd
 import pytest
 
 from factflow import Engine, LoadError
 from factflow.cli import main
-from factflow.io.ldbc import find_ldbc, load_ldbc
+from factflow.io.ldbc import find_ldbc, ldbc_file, load_ldbc
 from oracle import Oracle
 
 SCHEMA = [(":p/name", "string", "one"), (":p/age", "long", "one"), (":p/score", "double", "set"),
@@ -121,8 +120,8 @@ def test_ldbc_tables_load_with_load(spark):
         epochs = load_ldbc(db)
         assert sorted(epochs.values()) == [1, 2, 3, 4]
         root = find_ldbc()
-        persons = pd.read_csv(os.path.join(root, "dynamic", "person_0_0.csv"), sep="|")
-        knows = pd.read_csv(os.path.join(root, "dynamic", "person_knows_person_0_0.csv"), sep="|")
+        persons = pd.read_csv(ldbc_file(root, "person_0_0.csv"), sep="|")
+        knows = pd.read_csv(ldbc_file(root, "person_knows_person_0_0.csv"), sep="|")
         assert db.query("[:find (count ?p) . :where [?p :person/firstName _]]").results() == len(persons)
         pairs = db.query("[:find ?a ?b :where [?a :person/knows ?b]]").results()
         assert set(pairs) == set(zip(knows.iloc[:, 0].tolist(), knows.iloc[:, 1].tolist()))

@@ -175,13 +175,11 @@ class Worker:
             existing = self.engine.schema.get(name)
         except SchemaError:
             existing = None
-        if existing is not None and ((existing.value_type, existing.semantics, existing.index, existing.support,
-                                      existing.slack) != (type, semantics, index, support, slack)):
-            raise ProtocolError("conflict", f"attribute {existing.name} already exists as {existing.value_type}/"
-                                            f"{existing.semantics}/{existing.index}/{existing.support}/"
-                                            f"{existing.slack} (type/semantics/index/support/slack)")
-        attribute = self.engine.create_attribute(name, type=type, semantics=semantics, index=index, support=support,
-                                                 slack=slack)
+        try:
+            attribute = self.engine.create_attribute(name, type=type, semantics=semantics, index=index,
+                                                     support=support, slack=slack)
+        except SchemaError as exc:  # redefining an existing attribute otherwise is a conflict, not bad input
+            raise ProtocolError("conflict" if existing is not None else "incorrect", str(exc)) from None
         return {"name": str(attribute.name), "type": attribute.value_type, "semantics": attribute.semantics,
                 **attribute.settings}
 

@@ -27,10 +27,9 @@ class EpochContext:
     In *install* mode the whole state as of ``epoch`` counts as the change and the old
     state is empty, so the same delta rules compute a query's initial result.
     ``small`` says every base change of this epoch is small (held on the driver): its
-    statements then run without broadcast joins (``EngineConfig.small_conf``), and
-    operators read large traces by probing their keys (:mod:`factflow.dataflow.lookup`). (Forcing every subquery into one partition as well, to drop the
-    statement's one-partition shuffles, measured 2.4x slower: the larger plans cost Spark
-    more to optimize than the shuffles cost to run.)
+    statements then run in one partition without shuffles or broadcasts (every named
+    subquery coalesced, see :class:`Statement`; settings in ``EngineConfig.small_conf``),
+    and operators read large traces by probing their keys (:mod:`factflow.dataflow.lookup`).
 
     Operators describe their work as named SQL subqueries (:meth:`define`); a statement
     (:meth:`statement`) puts the ones it needs into a ``WITH`` clause, so each is written
@@ -45,7 +44,7 @@ class EpochContext:
         self.views: list[str] = []  # temp views registered for this evaluation (dropped after it)
         self._probes: bool | None = None  # None: probe in small epochs only
         self._memo: dict[tuple[int, str], str | None] = {}
-        self._sql = Statement()
+        self._sql = Statement(single_partition=small)
 
     @property
     def old_epoch(self) -> int:

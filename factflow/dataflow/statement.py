@@ -13,15 +13,24 @@ class Statement:
     """Named subqueries; :meth:`render` puts the ones a query uses into its ``WITH`` clause.
 
     Naming a subquery lets many operators refer to it while it is written only once.
+
+    A ``single_partition`` statement (a small epoch's, planned with
+    ``EngineConfig.small_conf``) puts every named subquery into one partition without a
+    shuffle (a ``COALESCE(1)`` hint). Spark then sees every join and aggregate input as a
+    single partition and plans no exchange between them, so the statement runs as one
+    stage: a join's own output is not a single partition to Spark (it is a collection of
+    its inputs' partitionings), and without the hint every join above another join, and
+    every aggregate over a union, shuffled into one partition, a stage of its own each.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, single_partition: bool = False) -> None:
         self._defs: dict[str, str] = {}
+        self._single_partition = single_partition
 
     def define(self, sql: str) -> str:
         """Name a subquery; returns the name to use in FROM clauses."""
         name = f"__r{len(self._defs) + 1}"
-        self._defs[name] = sql
+        self._defs[name] = f"SELECT /*+ COALESCE(1) */ * FROM ({sql})" if self._single_partition else sql
         return name
 
     def render(self, sql: str) -> str:

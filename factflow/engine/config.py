@@ -18,7 +18,12 @@ class EngineConfig:
     settings for the statements of small epochs, whose cost is Spark's fixed overhead per
     task and per compiled stage rather than data (one shuffle partition, no whole-stage
     code generation, no broadcast joins: each broadcast is a Spark job of its own); they
-    apply only while such a statement is planned.
+    apply only while such a statement is planned. With the statement's subqueries in one
+    partition each (:class:`factflow.dataflow.statement.Statement`), two more keep the
+    statement free of shuffles: inputs in one partition are joined where they are however
+    large Spark estimates them (``maxSinglePartitionBytes``), and the optimizer does not
+    push semi joins below the coalescing of a subquery (which would leave a local relation
+    of several partitions under a join).
     ``fetch_limit``: the most rows one fetch brings to the driver (a round of a small
     epoch's queries, or an iteration of recursive rules), shared equally by the relations
     it fetches. In a small epoch, an operator whose rows exceed its share is checkpointed in
@@ -45,6 +50,9 @@ class EngineConfig:
         ("spark.sql.shuffle.partitions", "1"),
         ("spark.sql.codegen.wholeStage", "false"),
         ("spark.sql.autoBroadcastJoinThreshold", "-1"),
+        ("spark.sql.maxSinglePartitionBytes", str(2**62)),
+        ("spark.sql.optimizer.excludedRules", "org.apache.spark.sql.catalyst.optimizer.PushDownLeftSemiAntiJoin,"
+                                              "org.apache.spark.sql.catalyst.optimizer.PushLeftSemiLeftAntiThroughJoin"),
     )
     fetch_limit: int = 1_000_000
     recompute_fraction: float = 0.5

@@ -441,7 +441,7 @@ def effective_changes(tx_view: str, tx: PreparedTransaction, current: dict[int, 
     err`` (``err`` is NULL on change rows, and the only non-NULL value column is the one
     of the attribute's kind).
     """
-    sql = Statement()
+    sql = Statement(single_partition=tx.small)
     parts = []
     if tx.rows is None:
         errors = _input_errors(tx_view)

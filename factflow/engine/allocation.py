@@ -76,9 +76,8 @@ class Allocation:
         return name
 
     def bind(self, plan: Plan) -> None:
-        """Allocate and bind the slots of ``plan``'s operators and of the new shared rules' operators."""
-        roots = plan.nodes + [n for e in self.new_rules for relation, _ in e.relations.values() for n in relation.walk()]
-        for node in {id(n): n for n in roots}.values():
+        """Allocate and bind the slots of ``plan``'s operators owned by this install."""
+        for node in plan.operators():
             slots = node.slots()
             if slots and self.owns(slots[0].owner):
                 node.bind(self)

@@ -40,6 +40,7 @@ class _Operators:
     def __init__(self) -> None:
         self.numbers: dict[int, int] = {}
         self.rows: list[dict] = []
+        self.nodes: list[Node] = []
 
     def ref(self, node: Node) -> int:
         """The number of ``node``, its data recorded on first use."""
@@ -47,6 +48,7 @@ class _Operators:
             data = node.plan_data(self.ref)
             self.numbers[id(node)] = len(self.rows)
             self.rows.append(data)
+            self.nodes.append(node)
         return self.numbers[id(node)]
 
 
@@ -97,6 +99,14 @@ class Plan:
     def to_data(self) -> dict:
         """The plan as plain data (JSON-serializable): operators are listed inputs first and
         referred to by their position in ``operators``."""
+        return self._encode()[0]
+
+    def operators(self) -> list[Node]:
+        """Every operator of the plan, as numbered in :meth:`to_data` (those of the shared
+        rules it reads, and those only a delta join's install pipeline reads, included)."""
+        return self._encode()[1].nodes
+
+    def _encode(self) -> tuple[dict, _Operators]:
         table = _Operators()
         result = table.ref(self.result)
         pulls = [_pull(p, table.ref) for p in self.pulls]
@@ -114,7 +124,7 @@ class Plan:
             "shared_rules": shared,
             "attributes": sorted(str.__str__(a) for a in self.attributes),
             "operators": table.rows,
-        }
+        }, table
 
     def fingerprint(self) -> str:
         """A stable digest of the plan (SHA-256 of its canonical JSON)."""

@@ -77,7 +77,8 @@ def static_relation(pc: PlanContext, elements: Sequence[Var | Blank], rows: Sequ
     distinct = list(dict.fromkeys(projected))
     kinds = [_column_kind([row[j] for row in distinct], var, expected.get(var), where)
              for j, var in enumerate(variables)]
-    converted = tuple(tuple(_convert(v, k) for v, k in zip(row, kinds)) for row in distinct)
+    # sorted: a relation is a set, so inputs given in another order plan the same
+    converted = tuple(sorted({tuple(_convert(v, k) for v, k in zip(row, kinds)) for row in distinct}))
     slot = RowsSlot(tuple((columns[var], k) for var, k in zip(variables, kinds)), converted, pc.owner)
     return Static(slot, f"{where} ({len(distinct)} rows)")
 

@@ -11,6 +11,9 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
+import os
+import subprocess
+import sys
 from collections import Counter
 
 import pytest
@@ -155,6 +158,17 @@ def test_a_plan_is_the_same_whether_its_shared_rules_are_installed_or_not(no_all
     other = "[:find ?y :where (tc 1 ?y) (adult ?y)]"
     assert plan(other, join="binary", shared=registry) == plan(other, join="binary")
     assert [e.name for e in plan(other, join="binary", shared=registry).shared] == ["shared adult (binary)"]
+
+
+def test_planning_needs_no_spark_session_and_fingerprints_are_stable_across_processes():
+    code = ("import json, sys; from pyspark import SparkContext; from test_plans import QUERIES, plan; "
+            "print(json.dumps([plan(*q).fingerprint() for q in QUERIES])); "
+            "assert SparkContext._active_spark_context is None")
+    tests = os.path.dirname(__file__)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([tests, os.path.dirname(tests)])}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == [plan(*q).fingerprint() for q in QUERIES]
 
 
 @pytest.mark.parametrize("text, inputs, named", [

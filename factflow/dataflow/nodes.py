@@ -11,6 +11,11 @@ Operators that keep state hold it in traces: :class:`Arranged` (an intermediate 
 arranged privately, as join-at-a-time plans need) and :class:`Distinct` (derivation
 counts, to report a set). Their pending changes are collected by the engine once per
 epoch for all queries together and then committed to their traces.
+
+Operators are built by planning, which allocates nothing: what an operator will hold (a
+handle on a shared arrangement, a private trace, the view of a constant relation) is a
+slot (:mod:`.slots`) until installing binds it (``bind``). ``plan_data`` describes an
+operator as plain data (see :mod:`factflow.planner.plan`).
 """
 
 from __future__ import annotations
@@ -485,7 +490,8 @@ class Stateful(Node):
     ``pending(cx)`` is the relation the engine collects (consolidated changes to the
     trace, plus an ``_out`` column for operators whose output differs from their state).
     The operator reads its state through ``handle`` only; ``writer`` is the trace itself,
-    which only the engine's evaluation appends what it collected to.
+    which only the engine's evaluation appends what it collected to (both allocated at
+    install from ``slot``).
     """
 
     def __init__(self, child: Node, slot: TraceSlot):

@@ -200,8 +200,8 @@ def test_engine_plan_is_the_installed_plan_and_a_failed_install_holds_nothing(en
         oracle.create_attribute(name, kind, semantics)
     engine.register(RULES)
     oracle.register(RULES)
-    facts = [[":db/add", a, ":e", a + 1] for a in range(1, 6)] + [[":db/add", 3, ":e", 1],
-                                                                   [":db/add", 2, ":age", 20], [":db/add", 4, ":age", 9]]
+    facts = [[":db/add", a, ":e", a + 1] for a in range(1, 6)]
+    facts += [[":db/add", 3, ":e", 1], [":db/add", 2, ":age", 20], [":db/add", 4, ":age", 9]]
     engine.transact(facts)
     oracle.transact(facts)
     baseline = held(engine)

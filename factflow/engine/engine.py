@@ -45,8 +45,6 @@ from factflow.engine.granularity import Window, window_seconds
 from factflow.engine.group import plan_runs
 from factflow.engine.history import check_slack
 from factflow.engine.install import install
-from factflow.planner.plan import Plan
-from factflow.planner.synthesis import plan_query
 from factflow.engine.introspection import Introspection
 from factflow.engine.offsets import check_offset
 from factflow.engine.pull import pull_query, pulled
@@ -62,6 +60,8 @@ from factflow.lang.rules import RuleStore
 from factflow.io.ingest import ingest
 from factflow.io.load import LoadReport, load
 from factflow.model.schema import Attribute, Schema
+from factflow.planner.plan import Plan
+from factflow.planner.synthesis import plan_query
 
 __all__ = ["Engine", "EngineConfig", "EpochReport", "SparkJob", "RecoveryReport", "CheckpointReport"]
 
@@ -429,7 +429,8 @@ class Engine:
         installs the query again, under its name, as of the recovered epoch, and its sinks
         continue where they stopped (see :mod:`factflow.engine.definition`). Asking for a
         durable query that is installed already with the same plan (see :meth:`plan`) and
-        settings returns it, so a program that installs its durable queries at start runs unchanged after a restart.
+        settings returns it, so a program that installs its durable queries at start runs
+        unchanged after a restart.
         ``Query.close()`` drops a durable query for good; ``Engine.close()`` keeps it.
 
         ``introspect=False`` leaves the query and its private arrangements out of the

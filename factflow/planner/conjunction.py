@@ -191,7 +191,8 @@ class _Conjunction:
         if self.pc.transient:
             return node
         key = tuple(on) if on else tuple(node.names)
-        return Arranged(node, self.pc.private_trace(f"join state by {', '.join(key)}", node.columns, key, "intermediate"))
+        slot = self.pc.private_trace(f"join state by {', '.join(key)}", node.columns, key, "intermediate")
+        return Arranged(node, slot)
 
     def check_join_kinds(self, left: Node, right: Node, on: list[str], item) -> None:
         for col in on:

@@ -3,7 +3,8 @@
 A registered rule called without bound arguments (or a recursive component of such
 rules) defines one relation whatever query asks for it. The first query that calls it
 plans it (with that query's join strategy) into a :class:`SharedRule`: the rule's
-operators and the state they keep, owned by the rule rather than by the query. Later
+operators and the state they keep, owned by the rule rather than by the query (their
+slots are allocated, and the rule registered, when that query is installed). Later
 queries with the same strategy read the same operators: on install they see the rule's
 maintained state as their initial change (nothing is recomputed), and in every epoch
 the engine evaluates the rule's operators once for all the queries reading them. The

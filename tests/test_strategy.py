@@ -133,7 +133,7 @@ def context(requested: Strategy, recursive: bool = False) -> PlanContext:
     schema.create(":age", "long", "one")
     rules = RuleStore()
     rules.register(RULES)
-    pc = PlanContext(None, schema, None, rules, "q", 0, None, "set", requested)
+    pc = PlanContext(schema, rules, "set", requested)
     pc.transient = recursive
     return pc
 

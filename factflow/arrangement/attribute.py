@@ -19,7 +19,6 @@ from pyspark.sql import functions as F
 
 from factflow.arrangement.batch import DIFF, TIME, Batch, Layout
 from factflow.arrangement.trace import MergePolicy, Trace
-from factflow.errors import QueryError
 from factflow.model.schema import Attribute
 from factflow.model.types import Kind
 
@@ -54,9 +53,7 @@ class AttributeArrangement:
         """The trace of ``face``, building it from the forward index on first use (QueryError
         for a face the attribute's settings do not keep)."""
         if face not in self.traces:
-            if not self.attribute.keeps(face):
-                a = self.attribute
-                raise QueryError(f"attribute {a.name} keeps no {face} index (index={a.index!r}, support={a.support!r})")
+            self.attribute.require(face)
             self.traces[face] = self._build(face)
         return self.traces[face]
 

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from factflow.arrangement.batch import DIFF
-from factflow.arrangement.trace import Trace
 from factflow.dataflow import zset
 from factflow.dataflow.context import Version
 from factflow.dataflow.nodes import Columns, Node, Stateful
+from factflow.dataflow.slots import TraceSlot
 from factflow.dataflow.zset import ident
 from factflow.errors import QueryError
 from factflow.model.types import Kind
@@ -89,12 +89,17 @@ def _decoder(kind: type) -> Callable[[Any], Any]:
 class Reduce(Stateful):
     """Grouped aggregation of a set-valued input; only touched groups are recomputed."""
 
-    def __init__(self, child: Node, group: Sequence[str], specs: Sequence[AggregateSpec], trace: Trace, owner: str):
-        super().__init__(child, trace, owner, role="result")
+    def __init__(self, child: Node, group: Sequence[str], specs: Sequence[AggregateSpec], slot: TraceSlot):
+        super().__init__(child, slot)
         self.group = list(group)
         self.specs = list(specs)
         kinds = dict(child.columns)
         self.columns: Columns = tuple((g, kinds[g]) for g in self.group) + tuple((s.column, s.kind) for s in specs)
+
+    def params(self, ref):
+        specs = [{"column": s.column, "kind": s.kind.value, "sql": s.sql, "decoded": s.decode is not None}
+                 for s in self.specs]
+        return {**super().params(ref), "group": list(self.group), "specs": specs}
 
     def _aggregate(self, relation: str) -> str:
         outs = [ident(g) for g in self.group] + [f"{s.sql} AS {ident(s.column)}" for s in self.specs]

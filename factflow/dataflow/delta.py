@@ -40,6 +40,7 @@ from factflow.dataflow import zset
 from factflow.dataflow.context import EpochContext, Version
 from factflow.dataflow.lookup import TRACE_DIFF, probe
 from factflow.dataflow.nodes import Columns, Node, Scan, Stateful, Static
+from factflow.dataflow.slots import HandleSlot
 from factflow.dataflow.zset import ident
 from factflow.model.types import Kind
 
@@ -61,13 +62,18 @@ class Shape(Node):
     _read = _delta
 
 
-@dataclass(frozen=True)
+@dataclass
 class CountIndex:
     """A shared count index (``key -> number of values``) of one attribute face."""
 
-    handle: TraceHandle
+    slot: HandleSlot
     source: str   # the index's key column ('e' or 'v')
     column: str   # the variable column it counts for
+    handle: TraceHandle | None = None  # bound at install
+
+    def to_data(self) -> dict:
+        """The count index as plain data."""
+        return {"slot": self.slot.to_data(), "source": self.source, "column": self.column}
 
     def counts(self, cx: EpochContext, version: Version, prefix: str) -> str:
         """SQL of ``(column, _n)`` as of ``version``, for the keys of ``prefix`` only."""
@@ -96,6 +102,12 @@ class Extender:
     key: list[str]
     count_index: CountIndex | None = None
     label: str = ""
+
+    def to_data(self, ref) -> dict:
+        """The extender as plain data (``ref`` numbers its relation)."""
+        return {"relation": ref(self.relation), "position": self.position, "key": list(self.key),
+                "count_index": self.count_index.to_data() if self.count_index is not None else None,
+                "label": self.label}
 
     def counts(self, cx: EpochContext, version: Version, prefix: str) -> str:
         """SQL of ``(key..., _n)``: the number of proposals per key of ``prefix``."""
@@ -158,6 +170,26 @@ class Pipeline:
     stages: list[Stage] = field(default_factory=list)
     order: list[str] = field(default_factory=list)  # the variables in the order the pipeline binds them
 
+    def to_data(self, ref) -> dict:
+        """The pipeline as plain data (``ref`` numbers the operators it reads)."""
+        stages = []
+        for s in self.stages:
+            if isinstance(s, Lookup):
+                stages.append({"lookup": ref(s.relation), "position": s.position, "on": list(s.on), "label": s.label})
+            elif isinstance(s, Extend):
+                stages.append({"extend": s.column, "extenders": [e.to_data(ref) for e in s.extenders]})
+            elif isinstance(s, Apply):
+                stages.append({"apply": ref(s.op)})
+            else:
+                stages.append({"exclude": ref(s.relation), "position": s.position, "on": list(s.on), "label": s.label})
+        return {"source": ref(self.source), "position": self.position, "negated": self.negated, "label": self.label,
+                "order": list(self.order), "stages": stages}
+
+    def count_indexes(self) -> list[CountIndex]:
+        """The count indexes its stages read."""
+        return [e.count_index for s in self.stages if isinstance(s, Extend) for e in s.extenders
+                if e.count_index is not None]
+
 
 def selective(node: Node) -> bool:
     """Whether a binding is known to be small: query inputs, or a pattern whose constant
@@ -190,6 +222,20 @@ class DeltaJoin(Node):
                     read += [e.relation for e in s.extenders]
             found += [n for n in read if all(n is not f for f in found)]
         return tuple(found)
+
+    def _count_indexes(self) -> list[CountIndex]:
+        return list({id(c): c for p in [*self.pipelines, self.reader] for c in p.count_indexes()}.values())
+
+    def slots(self):
+        return [c.slot for c in self._count_indexes()]
+
+    def bind(self, alloc):
+        for c in self._count_indexes():
+            c.handle = alloc.handle(c.slot)
+
+    def params(self, ref):
+        return {"strategy": str(self.strategy), "pipelines": [p.to_data(ref) for p in self.pipelines],
+                "reader": self.reader.to_data(ref)}
 
     # ------------------------------------------------------------ evaluation
     def _delta(self, cx):

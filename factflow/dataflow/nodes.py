@@ -11,6 +11,11 @@ Operators that keep state hold it in traces: :class:`Arranged` (an intermediate 
 arranged privately, as join-at-a-time plans need) and :class:`Distinct` (derivation
 counts, to report a set). Their pending changes are collected by the engine once per
 epoch for all queries together and then committed to their traces.
+
+Operators are built by planning, which allocates nothing: what an operator will hold (a
+handle on a shared arrangement, a private trace, the view of a constant relation) is a
+slot (:mod:`.slots`) until installing binds it (``bind``). ``plan_data`` describes an
+operator as plain data (see :mod:`factflow.planner.plan`).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from factflow.arrangement.trace import Trace, TraceHandle
 from factflow.dataflow import zset
 from factflow.dataflow.context import EpochContext, Version
 from factflow.dataflow.lookup import TRACE_DIFF, probe
+from factflow.dataflow.slots import Allocator, HandleSlot, RowsSlot, TraceSlot, plain
 from factflow.dataflow.zset import ident, literal
 from factflow.model.types import Kind
 
@@ -111,6 +117,22 @@ class Node:
         """Further explain lines under this operator (none by default)."""
         return []
 
+    def slots(self) -> list[HandleSlot | TraceSlot | RowsSlot]:
+        """What installing allocates for this operator (see :mod:`.slots`; none by default)."""
+        return []
+
+    def bind(self, alloc: Allocator) -> None:
+        """Take what ``alloc`` allocates for this operator's slots (nothing by default)."""
+
+    def params(self, ref: Callable[["Node"], int]) -> dict:
+        """The operator's own parameters as plain data; ``ref`` numbers another operator of the plan."""
+        return {}
+
+    def plan_data(self, ref: Callable[["Node"], int]) -> dict:
+        """The operator as plain data: its type, columns, inputs (numbered by ``ref``) and parameters."""
+        return {"op": type(self).__name__, "columns": [[n, k.value] for n, k in self.columns],
+                "inputs": [ref(n) for n in self.inputs()], **self.params(ref)}
+
 
 class Scan(Node):
     """A data pattern over one face of a shared attribute arrangement.
@@ -119,11 +141,12 @@ class Scan(Node):
     blank, projected away while keeping multiplicities).
     """
 
-    def __init__(self, handle: TraceHandle, attribute_name: str, face: str, value_kind: Kind,
-                 e_col: str | None, e_const, v_col: str | None, v_const, label: str):
-        self.handle = handle
-        self.attribute_name = attribute_name
-        self.face = face
+    def __init__(self, slot: HandleSlot, value_kind: Kind, e_col: str | None, e_const, v_col: str | None, v_const,
+                 label: str):
+        self.slot = slot
+        self.handle: TraceHandle | None = None  # bound at install
+        self.attribute_name = slot.attribute
+        self.face = slot.face
         self.value_kind = value_kind
         self.e_col, self.e_const = e_col, e_const
         self.v_col, self.v_const = v_col, v_const
@@ -134,6 +157,16 @@ class Scan(Node):
         if v_col is not None and v_col != e_col:
             cols.append((v_col, value_kind))
         self.columns = tuple(cols)
+
+    def slots(self):
+        return [self.slot]
+
+    def bind(self, alloc):
+        self.handle = alloc.handle(self.slot)
+
+    def params(self, ref):
+        return {"slot": self.slot.to_data(), "value_kind": self.value_kind.value, "e": self.e_col,
+                "e_const": plain(self.e_const), "v": self.v_col, "v_const": plain(self.v_const), "label": self.label}
 
     def _shape(self, cx: EpochContext, relation: str) -> str:
         conditions = []
@@ -171,7 +204,7 @@ class Scan(Node):
     @property
     def selective(self) -> bool:
         """Whether a constant binds the key of the index this pattern reads."""
-        key = self.handle.key
+        key = self.slot.key
         return key == ("e",) and self.e_const is not None or key == ("v",) and self.v_const is not None
 
     def keyed_read(self, cx: EpochContext, as_of: int) -> str | None:
@@ -179,7 +212,7 @@ class Scan(Node):
         key (``e, v, _diff``), or None when a probe does not apply."""
         if not self.selective:
             return None
-        key = self.handle.key[0]
+        key = self.slot.key[0]
         other = "v" if key == "e" else "e"
         value, kind = (self.e_const, Kind.LONG) if key == "e" else (self.v_const, self.value_kind)
         constant = cx.define(f"SELECT {literal(value, kind)} AS `_k`, CAST(1 AS BIGINT) AS {ident(DIFF)}")
@@ -216,10 +249,20 @@ def _times_trace_diff(probed: str, names: Sequence[str]) -> str:
 class Static(Node):
     """A constant relation (query inputs and literal collections); it never changes."""
 
-    def __init__(self, view: str, columns: Columns, label: str):
-        self.view = view
-        self.columns = columns
+    def __init__(self, slot: RowsSlot, label: str):
+        self.slot = slot
+        self.view: str | None = None  # bound at install: SQL of the rows
+        self.columns = slot.columns
         self.label = label
+
+    def slots(self):
+        return [self.slot]
+
+    def bind(self, alloc):
+        self.view = f"(SELECT /*+ COALESCE(1) */ * FROM {alloc.view(self.slot)})"
+
+    def params(self, ref):
+        return {"slot": self.slot.to_data(), "label": self.label}
 
     def _delta(self, cx):
         return self.view if cx.install else None
@@ -266,6 +309,9 @@ class Filter(_Linear):
     def apply(self, relation):
         return zset.where(relation, self.condition)
 
+    def params(self, ref):
+        return {"condition": self.condition, "label": self.label}
+
     def join_into(self, cx, version, frame, frame_columns, on):
         """Join with the unfiltered input, then filter: the condition reads only its columns."""
         return cx.define(self.apply(self.child.join_into(cx, version, frame, frame_columns, on)))
@@ -282,6 +328,9 @@ class Bind(_Linear):
         self.name, self.value, self.label = name, value, label
         self.rebinds = name in child.names
         self.columns = child.columns if self.rebinds else child.columns + ((name, kind),)
+
+    def params(self, ref):
+        return {"name": self.name, "value": self.value, "label": self.label}
 
     def apply(self, relation):
         if self.rebinds:
@@ -318,6 +367,9 @@ class Rename(_Linear):
         kinds = dict(child.columns)
         self.columns = tuple((new, kinds[old]) for old, new in self.mapping.items())
 
+    def params(self, ref):
+        return {"mapping": [[old, new] for old, new in self.mapping.items()]}
+
     def apply(self, relation):
         outs = [f"{ident(old)} AS {ident(new)}" for old, new in self.mapping.items()] + [ident(DIFF)]
         return f"SELECT {', '.join(outs)} FROM {relation}"
@@ -333,6 +385,9 @@ class Join(Node):
         self.left, self.right = left, right
         self.on = [n for n in left.names if n in right.names]
         self.columns = left.columns + tuple(c for c in right.columns if c[0] not in self.on)
+
+    def params(self, ref):
+        return {"on": list(self.on)}
 
     def inputs(self):
         return (self.left, self.right)
@@ -372,6 +427,9 @@ class AntiJoin(Node):
         self.left, self.negated, self.label = left, negated, label
         self.on = list(negated.names)
         self.columns = left.columns
+
+    def params(self, ref):
+        return {"on": list(self.on), "label": self.label}
 
     def inputs(self):
         return (self.left, self.negated)
@@ -432,18 +490,30 @@ class Stateful(Node):
     ``pending(cx)`` is the relation the engine collects (consolidated changes to the
     trace, plus an ``_out`` column for operators whose output differs from their state).
     The operator reads its state through ``handle`` only; ``writer`` is the trace itself,
-    which only the engine's evaluation appends what it collected to.
+    which only the engine's evaluation appends what it collected to (both allocated at
+    install from ``slot``).
     """
 
-    def __init__(self, child: Node, trace: Trace, owner: str, role: str = "intermediate"):
+    def __init__(self, child: Node, slot: TraceSlot):
         self.child = child
-        self.writer = trace
-        self.role = role
+        self.slot = slot
+        self.role = slot.role
         self.columns = child.columns
-        self.handle = trace.handle(trace.upper - 1, owner)
+        self.writer: Trace | None = None  # bound at install, with the handle
+        self.handle: TraceHandle | None = None
 
     def inputs(self):
         return (self.child,)
+
+    def slots(self):
+        return [self.slot]
+
+    def bind(self, alloc):
+        self.writer, owner = alloc.trace(self.slot)
+        self.handle = self.writer.handle(self.writer.upper - 1, owner)
+
+    def params(self, ref):
+        return {"slot": self.slot.to_data()}
 
     def state_delta(self, cx: EpochContext) -> str | None:
         """This epoch's consolidated change to the trace."""
@@ -518,7 +588,7 @@ class Arranged(Stateful):
         return parts[0] if len(parts) == 1 else cx.define(zset.union(parts, names))
 
     def describe(self):
-        return f"Arrange privately by {', '.join(self.handle.layout.key) or '(all)'}"
+        return f"Arrange privately by {', '.join(self.slot.key) or '(all)'}"
 
 
 def _set_change(old_count: str, diff: str) -> str:
@@ -588,4 +658,4 @@ class Distinct(Stateful):
             cx.set(self, what, relation)
 
     def describe(self):
-        return f"Distinct (derivation counts in {self.handle.name})"
+        return f"Distinct (derivation counts in {self.writer.name if self.writer else self.slot.label})"

@@ -47,10 +47,11 @@ from dataclasses import dataclass
 from typing import Protocol, Sequence
 
 from factflow.arrangement.batch import DIFF
-from factflow.arrangement.trace import Trace
+from factflow.arrangement.trace import Trace, TraceHandle
 from factflow.dataflow import zset
 from factflow.dataflow.context import EpochContext, Version
 from factflow.dataflow.nodes import Columns, Node, Scan, Static, Stateful
+from factflow.dataflow.slots import TraceSlot
 from factflow.dataflow.zset import ident
 
 __all__ = ["Placeholder", "RuleOutput", "RecursiveBody", "Fixpoint", "Materializer"]
@@ -76,6 +77,9 @@ class Placeholder(Node):
     def __init__(self, columns: Columns, label: str):
         self.columns = columns
         self.label = label
+
+    def params(self, ref):
+        return {"label": self.label}
 
     def _delta(self, cx):
         raise AssertionError(f"{self.label}: read outside its fixpoint")
@@ -104,18 +108,35 @@ class Fixpoint(Node):
     """The fixed point of one recursive component of rules (see the module docs)."""
 
     def __init__(self, rules: dict[str, Columns], refs: dict[str, Placeholder], bodies: list[RecursiveBody],
-                 traces: dict[str, Trace], owner: str, goal: str | None = None):
+                 slots: dict[str, TraceSlot], goal: str | None = None):
         self.rules = rules
         self.goal = goal
         self.refs = refs
         self.bodies = bodies
-        self.writers = traces  # appended to by the engine's evaluation only
-        self.handles = {name: trace.handle(trace.upper - 1, owner) for name, trace in traces.items()}
+        self.trace_slots = slots
+        self.writers: dict[str, Trace] = {}  # bound at install; appended to by the engine's evaluation only
+        self.handles: dict[str, TraceHandle] = {}
         self.columns = ()
         self.outputs: dict[str, RuleOutput] = {name: RuleOutput(self, name) for name in rules}
 
     def inputs(self):
         return tuple(b.plan for b in self.bodies) + tuple(b.guarded for b in self.bodies)
+
+    def slots(self):
+        return list(self.trace_slots.values())
+
+    def bind(self, alloc):
+        for name, slot in self.trace_slots.items():
+            self.writers[name], owner = alloc.trace(slot)
+            self.handles[name] = self.writers[name].handle(self.writers[name].upper - 1, owner)
+
+    def params(self, ref):
+        bodies = [{"rule": b.rule, "plan": ref(b.plan), "guarded": ref(b.guarded), "guard": ref(b.guard),
+                   "head": list(b.head), "guarded_head": list(b.guarded_head),
+                   "guard_from": [list(pair) for pair in b.guard_from]} for b in self.bodies]
+        return {"rules": {r: [[n, k.value] for n, k in cols] for r, cols in self.rules.items()},
+                "refs": {r: ref(p) for r, p in self.refs.items()}, "bodies": bodies,
+                "slots": {r: slot.to_data() for r, slot in self.trace_slots.items()}, "goal": self.goal}
 
     def describe(self):
         text = f"Fixpoint of {', '.join(self.rules)} (delete and rederive, semi-naive)"
@@ -365,6 +386,9 @@ class RuleOutput(Node):
 
     def inputs(self):
         return (self.fixpoint,)
+
+    def params(self, ref):
+        return {"rule": self.rule}
 
     def _delta(self, cx):
         raise AssertionError(f"rule {self.rule} read before its fixpoint ran")

@@ -51,9 +51,12 @@ class QueryDefinition:
                              "through EDN")
         return cls(name, text, kept, join, semantics, tuple(sinks), granularity, introspect, slack)
 
-    def same(self, other: "QueryDefinition") -> bool:
-        """Whether both define the same query (inputs compared as EDN: a list equals a vector)."""
-        return self.to_json() == other.to_json()
+    def same_settings(self, other: "QueryDefinition") -> bool:
+        """Whether both have the same name, sinks, granularity, introspection and slack (whether
+        they are the same query is for their plans to say: see :mod:`factflow.planner.plan`)."""
+        query = ("text", "inputs", "join", "semantics")
+        return ({k: v for k, v in self.to_json().items() if k not in query}
+                == {k: v for k, v in other.to_json().items() if k not in query})
 
     def to_json(self) -> dict:
         """The definition as a JSON object (for log records and checkpoint manifests)."""

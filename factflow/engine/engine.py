@@ -60,6 +60,8 @@ from factflow.lang.rules import RuleStore
 from factflow.io.ingest import ingest
 from factflow.io.load import LoadReport, load
 from factflow.model.schema import Attribute, Schema
+from factflow.planner.plan import Plan
+from factflow.planner.synthesis import plan_query
 
 __all__ = ["Engine", "EngineConfig", "EpochReport", "SparkJob", "RecoveryReport", "CheckpointReport"]
 
@@ -426,8 +428,9 @@ class Engine:
         sinks and granularity included, in the state directory: an engine reopening it
         installs the query again, under its name, as of the recovered epoch, and its sinks
         continue where they stopped (see :mod:`factflow.engine.definition`). Asking for a
-        durable query that is installed already with the same definition returns it, so a
-        program that installs its durable queries at start runs unchanged after a restart.
+        durable query that is installed already with the same plan (see :meth:`plan`) and
+        settings returns it, so a program that installs its durable queries at start runs
+        unchanged after a restart.
         ``Query.close()`` drops a durable query for good; ``Engine.close()`` keeps it.
 
         ``introspect=False`` leaves the query and its private arrangements out of the
@@ -447,7 +450,8 @@ class Engine:
             definition = QueryDefinition.of(name or "", query, inputs, join, semantics, sinks, seconds, introspect,
                                             slack)
             handle = self._state.queries.get(name) if name else None
-            fresh = handle is None or not handle.definition.same(definition)
+            fresh = handle is None or not (handle.definition.same_settings(definition)
+                                           and handle.plan == self.plan(query, inputs, join, semantics))
             if fresh:
                 handle = self._install(query, name, inputs, join, semantics, sinks, seconds, introspect, slack)
             elif handle.durable:
@@ -476,11 +480,21 @@ class Engine:
                 query.close()
 
 
+    def plan(self, query: str, inputs: Sequence[Any] = (), join: str = "auto", semantics: str = "set") -> Plan:
+        """The plan of ``query`` (see :mod:`factflow.planner.plan`) as :meth:`query` would
+        install it now, without installing anything: plain data (``to_data()``), equal to
+        another plan (``==``, ``fingerprint()``) exactly when both describe the same dataflow.
+        A QueryError when the query cannot be planned."""
+        with self._lock:
+            self._check_open()
+            return plan_query(query, self.schema, self.rules, inputs, join, semantics, self._state.shared)
+
     def _install(self, query: str, name: str | None, inputs: Sequence[Any], join: str, semantics: str,
                  sinks: Sequence[Sink] = (), seconds: float | None = None, introspect: bool = True,
                  slack: int = 0) -> Query:
-        dataflow = install(self._state, self.rules, f"factflow-{self._id}-install", query, name, inputs, join,
-                           semantics)
+        name = self._state.query_name(name)
+        dataflow = install(self._state, self.plan(query, inputs, join, semantics), name,
+                           f"factflow-{self._id}-install")
         definition = QueryDefinition(dataflow.name, query, tuple(inputs), join, semantics, (), seconds, introspect,
                                      slack)
         handle = Query(self, dataflow, self._state.epoch, self._lock, definition)

@@ -1,45 +1,48 @@
-"""Installing a query (interest): planning its dataflow and computing its state as of the closed epoch.
+"""Installing a query (interest): allocating its plan and computing its state as of the closed epoch.
 
-A query installed at epoch ``t`` reads the shared arrangements as of ``t``: its stateful
-operators are evaluated once from that state (checkpointed in Spark), and from then on
-maintained by every epoch that changes an attribute it reads. A rule relation another query
-already maintains (see :mod:`factflow.planner.shared`) is not computed again: the new
-dataflow reads its maintained state. A query that fails to plan or install leaves nothing
-behind.
+Planning (:func:`factflow.planner.synthesis.plan_query`) allocates nothing; installing a
+plan allocates its slots (:mod:`factflow.engine.allocation`): handles on the shared
+arrangements as of the closed epoch ``t``, private traces, views of constant relations,
+and the shared rules the plan creates. Its stateful operators are then evaluated once
+from that state (checkpointed in Spark), and from then on maintained by every epoch that
+changes an attribute it reads. A rule relation another query already maintains (see
+:mod:`factflow.planner.shared`) is not computed again: the new dataflow reads its
+maintained state. A query that fails to install leaves nothing behind.
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
-
 from factflow.dataflow.context import EpochContext
+from factflow.engine.allocation import Allocation
+from factflow.engine.dataflow import Dataflow
 from factflow.engine.state import EngineState
 from factflow.errors import QueryError
-from factflow.lang.parser import parse_query
-from factflow.lang.rules import RuleStore
-from factflow.planner.context import PlanContext
-from factflow.planner.synthesis import Dataflow, synthesize
+from factflow.planner.holdings import Holdings
+from factflow.planner.plan import Plan
 
 __all__ = ["install"]
 
 
-def install(state: EngineState, rules: RuleStore, group_prefix: str, query: str, name: str | None,
-            inputs: Sequence[Any], join: str, semantics: str) -> Dataflow:
-    """Plan ``query`` (named ``name``, or the next free ``q<n>``) and compute its state as of
-    ``state.epoch``, with jobs in the group ``<group_prefix>-<name>``.
+def install(state: EngineState, plan: Plan, name: str, group_prefix: str) -> Dataflow:
+    """Install ``plan`` as the query ``name`` (checked free by the caller) and compute its
+    state as of ``state.epoch``, with jobs in the group ``<group_prefix>-<name>``.
 
-    Returns the dataflow (named as the query), its handles advanced to the epoch and its
-    shared rules committed; registering the query is the caller's.
+    Returns the dataflow, its handles advanced to the epoch and its shared rules committed;
+    registering the query is the caller's. A QueryError, allocating nothing, for a plan
+    installed already or one whose shared rules the registry no longer matches (plan again).
     """
-    if semantics not in ("set", "multiset"):
-        raise QueryError(f"semantics must be 'set' or 'multiset', not {semantics!r}")
-    name = state.query_name(name)
-    parsed = parse_query(query)
-    pc = PlanContext(state.spark, state.schema, state.arrangement_of, rules, name, state.epoch,
-                     state.policy, semantics, shared_rules=state.shared)
+    if plan.result.writer is not None:
+        raise QueryError(f"query {name}: its plan is installed already; plan the query again")
+    stale = next((e for e in plan.shared if not state.shared.current(e)), None)
+    if stale is not None:
+        raise QueryError(f"query {name}: {stale.name} has been installed or released since the query was "
+                         "planned; plan the query again")
+    holdings = Holdings(state.spark)
+    allocation = Allocation(state, name, holdings, [e for e in plan.shared if not e.installed])
     state.spark.sparkContext.setJobGroup(f"{group_prefix}-{name}", f"install query {name}", interruptOnCancel=False)
     try:
-        dataflow = synthesize(parsed, tuple(inputs), pc, join)
+        allocation.bind(plan)
+        dataflow = Dataflow(plan, name, holdings)
         cx = EpochContext(state.epoch, state.spark, install=True)
         reused = [e for e in dataflow.shared_rules() if e.installed]
         for entry in reused:
@@ -49,7 +52,7 @@ def install(state: EngineState, rules: RuleStore, group_prefix: str, query: str,
         for trace in traces:
             trace.maintain()
     except BaseException:
-        pc.release()
+        allocation.release()
         raise
     state.shared.commit(name, dataflow.shared_rules())
     for h in handles:

@@ -31,7 +31,7 @@ from factflow.lang.pull import DB_ID
 from factflow.model.pulled import PullMap
 from factflow.model.types import Kind
 from factflow.planner.pull import PullField, PullPlan
-from factflow.planner.synthesis import Dataflow
+from factflow.engine.dataflow import Dataflow
 
 __all__ = ["PullView", "pull_query", "pulled"]
 

@@ -22,7 +22,8 @@ from factflow.errors import EngineClosedError, HistoryCompactedError, QueryError
 from factflow.io.sinks import CHANGE, Sink, SinkWriter
 from factflow.model.types import Kind
 from factflow.lang.ast import Pull
-from factflow.planner.synthesis import Dataflow
+from factflow.engine.dataflow import Dataflow
+from factflow.planner.plan import Plan
 
 if TYPE_CHECKING:  # pragma: no cover
     from factflow.engine.engine import Engine
@@ -94,6 +95,12 @@ class Query:
             except BaseException:
                 dataflow.close()
                 raise
+
+    @property
+    def plan(self) -> Plan:
+        """The plan the query was installed from (see :mod:`factflow.planner.plan`): plain
+        data, equal to ``Engine.plan`` of the same text, inputs, join and semantics."""
+        return self.dataflow.plan
 
     @property
     def columns(self) -> list[str]:

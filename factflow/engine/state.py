@@ -35,7 +35,7 @@ from factflow.engine.offsets import SourceOffsets
 from factflow.errors import QueryError
 from factflow.model.schema import Attribute, Schema
 from factflow.planner.shared import SharedRules
-from factflow.planner.synthesis import Dataflow
+from factflow.engine.dataflow import Dataflow
 
 if TYPE_CHECKING:  # pragma: no cover
     from factflow.engine.clock import EventClock

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from factflow.edn import Keyword
-from factflow.errors import SchemaError, UnknownAttributeError
+from factflow.errors import QueryError, SchemaError, UnknownAttributeError
 from factflow.model.types import VALUE_TYPES, Kind, kind_of_type
 
 __all__ = ["Attribute", "Schema", "SEMANTICS", "INDEX_DIRECTIONS", "QUERY_SUPPORT", "RESERVED_PREFIX",
@@ -74,6 +74,12 @@ class Attribute:
         if face == "count_e":
             return self.support == "wco"
         return self.support == "wco" and self.index == "both"
+
+    def require(self, face: str) -> None:
+        """A QueryError unless this attribute may have the index ``face`` (see :meth:`keeps`)."""
+        if not self.keeps(face):
+            raise QueryError(f"attribute {self.name} keeps no {face} index (index={self.index!r}, "
+                             f"support={self.support!r})")
 
     @property
     def settings(self) -> dict[str, str]:

@@ -191,8 +191,8 @@ class _Conjunction:
         if self.pc.transient:
             return node
         key = tuple(on) if on else tuple(node.names)
-        trace = self.pc.private_trace(f"join state by {', '.join(key)}", node.columns, key, "intermediate")
-        return Arranged(node, trace, self.pc.owner)
+        slot = self.pc.private_trace(f"join state by {', '.join(key)}", node.columns, key, "intermediate")
+        return Arranged(node, slot)
 
     def check_join_kinds(self, left: Node, right: Node, on: list[str], item) -> None:
         for col in on:
@@ -374,8 +374,7 @@ class _Conjunction:
             face = "reverse" if attribute.keeps("reverse") else "forward"
         else:
             face = "forward"
-        handle = self.pc.handle(attribute, face)
-        return Scan(handle, str(attribute.name), face, attribute.kind, e_col, e_const, v_col, v_const, where)
+        return Scan(self.pc.handle(attribute, face), attribute.kind, e_col, e_const, v_col, v_const, where)
 
     def ground(self, clause: FnCall) -> Node:
         where = show(clause)

@@ -1,78 +1,73 @@
-"""State shared while one query is synthesized: schema, arrangements, rules, and what it creates."""
+"""State shared while one query is planned: schema, rules, shared rules, and the slots it gives out.
+
+Planning is pure: it reads the schema, the rule store and the registry of shared rules
+and allocates nothing (no SparkSession is needed). Where an operator will hold a handle,
+a private trace or a constant relation, it gets a slot (:mod:`factflow.dataflow.slots`)
+that installing allocates (:mod:`factflow.engine.allocation`).
+"""
 
 from __future__ import annotations
 
 import re
 from typing import Callable
 
-from pyspark.sql import SparkSession
-
-from factflow.arrangement.attribute import AttributeArrangement
-from factflow.arrangement.batch import Layout, register_view
-from factflow.arrangement.trace import MergePolicy, Trace, TraceHandle
 from factflow.dataflow.nodes import Distinct, Node
+from factflow.dataflow.slots import QUERY, HandleSlot, TraceSlot
 from factflow.edn import Keyword
 from factflow.errors import QueryError, UnknownAttributeError
 from factflow.lang.ast import Rule
 from factflow.lang.rules import RuleStore
 from factflow.model.schema import Attribute, Schema
 from factflow.model.types import Kind
-from factflow.planner.holdings import Holdings
 from factflow.planner.shared import SharedRule, SharedRules
 from factflow.planner.strategy import Strategy
 
 __all__ = ["PlanContext"]
 
 
-class PlanContext(Holdings):
-    """Everything the planner needs about the engine, and a record of what it allocates.
+class PlanContext:
+    """Everything the planner needs about the engine, and what the plan will hold.
 
-    Handles and private traces created while planning are recorded so that a failed
-    synthesis can release them (nothing of a rejected query remains) and a closed query
-    can release exactly what it holds. While a shared rule is planned
-    (:meth:`shared_rule`), what is created is recorded on the rule instead.
+    Slots name their owner: the query (:data:`~factflow.dataflow.slots.QUERY`), or, while
+    a shared rule is planned (:meth:`shared_rule`), that rule. Column names and trace
+    labels are numbered per owner, so that a shared rule is planned the same whichever
+    query plans it first, and a query's plan is the same whether the shared rules it reads
+    exist yet or not.
     """
 
-    def __init__(self, spark: SparkSession, schema: Schema,
-                 arrangement: Callable[[Attribute], AttributeArrangement], rules: RuleStore,
-                 name: str, epoch: int, policy: MergePolicy, semantics: str, strategy: Strategy = Strategy.BINARY,
+    def __init__(self, schema: Schema, rules: RuleStore, semantics: str, strategy: Strategy = Strategy.BINARY,
                  shared_rules: SharedRules | None = None):
-        super().__init__(spark)
         self.schema = schema
-        self._arrangement = arrangement
         self.rules = rules
-        self.name = name
-        self.epoch = epoch
-        self.policy = policy
         self.semantics = semantics
         self.strategy = strategy  # the requested join strategy (see planner.strategy)
         self.strategies: list[tuple[str, str, str]] = []  # (conjunction, strategy, reason) as planned
+        self.notes: list[tuple[str, str, str]] = []  # those of the query's own conjunctions
         self.rule_relations: dict[str, tuple] = {}
         self.local_rules: dict[str, tuple[Rule, ...]] = {}  # rules rewritten for this query (magic sets)
         self.goal_calls = 0  # goal-directed calls planned so far (numbers their rewritten rules)
         self.transient = False  # planning the bodies of a recursive component
-        self.shared_rules = shared_rules  # None: every rule is planned privately
-        self.shared: list[SharedRule] = []  # shared rules the query reads (created or reused)
+        self.shared_rules = shared_rules  # None: every rule is planned privately (read only here)
+        self.shared: list[SharedRule] = []  # shared rules the query reads (planned now or installed)
+        self.attributes: set[Keyword] = set()  # attributes its operators (and those of its shared rules) read
         self._owner: SharedRule | None = None  # the shared rule being planned
-        self._columns = 0
+        self._columns: dict[str, int] = {}  # per owner, columns given out
+        self._labels: dict[str, set[str]] = {}  # per owner, trace labels given out
 
     @property
     def owner(self) -> str:
-        """Who owns what is created now: the shared rule being planned, else the query."""
-        return self._owner.name if self._owner is not None else self.name
-
-    def _holder(self) -> Holdings:
-        return self._owner if self._owner is not None else self
+        """Who owns what is planned now: the shared rule being planned, else the query."""
+        return self._owner.name if self._owner is not None else QUERY
 
     def shared_rule(self, name: str, members: list[str], plan: Callable[[], tuple[Node, list[Kind]]]
                     ) -> tuple[Node, list[Kind]]:
         """The relation of registered rule ``name`` (``members``: its recursive component, or
-        itself), planned by ``plan`` unless a shared rule with this strategy exists already."""
+        itself), planned by ``plan`` unless a shared rule with this strategy is installed already."""
         if self.shared_rules is None or name in self.local_rules:
             return plan()
         entry = self.shared_rules.get(name, self.strategy)
         if entry is None:
-            entry = SharedRule(self.spark, members, self.strategy)
+            entry = SharedRule(members, self.strategy)
             saved_owner, saved_transient = self._owner, self.transient
             self._owner, self.transient = entry, False
             try:
@@ -102,8 +97,7 @@ class PlanContext(Holdings):
     def note_strategy(self, conjunction: str, strategy: str, reason: str) -> None:
         """Record how a conjunction is joined (an empty strategy notes a remark on it)."""
         self.strategies.append((conjunction, strategy, reason))
-        if self._owner is not None:
-            self._owner.notes.append((conjunction, strategy, reason))
+        (self._owner.notes if self._owner is not None else self.notes).append((conjunction, strategy, reason))
 
     def strategy_of(self, conjunction: str) -> str:
         """The strategy first noted for ``conjunction`` (the query's ``:where`` is ``query``)."""
@@ -137,48 +131,32 @@ class PlanContext(Holdings):
         self.local_rules[name] = ()
         self.rule_relations[name] = (node, kinds)
 
-    def handle(self, attribute: Attribute, face: str) -> TraceHandle:
-        """A handle on one face of a shared attribute arrangement, at the install epoch."""
-        trace = self._arrangement(attribute).index(face)
-        h = trace.handle(self.epoch, self.owner)
-        self._holder().handles.append(h)
-        self._holder().attributes.add(attribute.name)
+    def handle(self, attribute: Attribute, face: str) -> HandleSlot:
+        """A handle on one face of a shared attribute arrangement (a QueryError for a face
+        the attribute's settings do not keep)."""
+        attribute.require(face)
+        if self._owner is not None:
+            self._owner.attributes.add(attribute.name)
         self.attributes.add(attribute.name)
-        return h
+        return HandleSlot(str.__str__(attribute.name), attribute.id, face, self.owner)
 
     def private_trace(self, label: str, columns: tuple[tuple[str, Kind], ...], key: tuple[str, ...],
-                      role: str) -> Trace:
-        """A trace private to this query or to the shared rule being planned (intermediate state or result)."""
-        holder = self._holder()
-        name = f"{self.owner}: {label}"
-        taken = {t.name for t, _ in holder.traces}
-        if name in taken:
-            name = next(f"{name} #{i}" for i in range(2, len(taken) + 2) if f"{name} #{i}" not in taken)
-        trace = Trace(self.spark, name, Layout(columns, key), self.policy, self.epoch)
-        holder.traces.append((trace, role))
-        return trace
+                      role: str) -> TraceSlot:
+        """A trace private to this query or to the shared rule being planned (intermediate
+        state or result); its label is made unique among its owner's."""
+        taken = self._labels.setdefault(self.owner, set())
+        if label in taken:
+            label = next(f"{label} #{i}" for i in range(2, len(taken) + 2) if f"{label} #{i}" not in taken)
+        taken.add(label)
+        return TraceSlot(label, tuple(columns), tuple(key), role, self.owner)
 
     def distinct(self, node: Node, label: str) -> Distinct:
         """The set of ``node``'s tuples, its derivation counts kept in a private trace."""
-        trace = self.private_trace(label, node.columns, tuple(node.names), "intermediate")
-        return Distinct(node, trace, self.owner)
-
-    def view(self, frame) -> str:
-        """Register a constant frame of this query as a temp view (dropped on release)."""
-        name = register_view(frame, prefix="ff_s")
-        self._holder().views.append(name)
-        return name
+        return Distinct(node, self.private_trace(label, node.columns, tuple(node.names), "intermediate"))
 
     def column(self, hint: str) -> str:
-        """A fresh, Spark-safe column name that mentions ``hint`` (a variable name)."""
-        self._columns += 1
+        """A Spark-safe column name that mentions ``hint`` (a variable name), numbered per
+        owner: ``c<n>_`` for the query's, ``r<n>_`` for a shared rule's."""
+        count = self._columns[self.owner] = self._columns.get(self.owner, 0) + 1
         clean = re.sub(r"[^A-Za-z0-9]", "_", hint.lstrip("?")).strip("_")[:24] or "x"
-        return f"c{self._columns}_{clean}"
-
-    def release(self) -> None:
-        """Release every handle and private trace created so far, and the shared rules
-        planned for this query that were never installed."""
-        for entry in self.shared:
-            if not entry.installed:
-                entry.release()
-        super().release()
+        return f"{'c' if self._owner is None else 'r'}{count}_{clean}"

@@ -1,4 +1,4 @@
-"""What planning creates for one owner (a query, or a rule shared by queries), to release together."""
+"""What installing allocates for one owner (a query, or a rule shared by queries), to release together."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ class Holdings:
     """Trace handles, private traces (with their roles) and temp views an owner holds, and
     the attributes its operators read."""
 
-    def __init__(self, spark: "SparkSession"):
-        self.spark = spark
+    def __init__(self, spark: "SparkSession | None" = None):
+        self.spark = spark  # set when the first view is allocated (see factflow.engine.allocation)
         self.handles: list["TraceHandle"] = []
         self.traces: list[tuple["Trace", str]] = []
         self.views: list[str] = []

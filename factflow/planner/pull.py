@@ -145,5 +145,5 @@ def _stage(attribute: Attribute, parent: Node, unique: bool, root: Var, pc: Plan
     body = plan_conjunction([clause], [parent], scope, pc, label=f"{where} stage {show(clause)}")
     rows = Project(body, [*parent.names, scope.col(value)])
     # keyed by the value: a nested stage looks this one up by its entity (the referenced one)
-    trace = pc.private_trace(f"pull {root} {attribute.name} of {entity}", rows.columns, (rows.names[-1],), "result")
-    return (Arranged if unique else Distinct)(rows, trace, pc.owner, role="result")
+    slot = pc.private_trace(f"pull {root} {attribute.name} of {entity}", rows.columns, (rows.names[-1],), "result")
+    return (Arranged if unique else Distinct)(rows, slot)

@@ -134,9 +134,9 @@ def plan_component(name: str, component: list[str], pc: "PlanContext", stack: tu
                 bodies.append(RecursiveBody(rule, plan, guarded, guard, head, guarded_head, guard_from))
     finally:
         pc.transient = saved
-    traces = {r: pc.private_trace(f"rule {r}", columns[r], tuple(n for n, _ in columns[r]), "intermediate")
-              for r in component}
-    fixpoint = Fixpoint(columns, refs, bodies, traces, pc.owner, goal)
+    slots = {r: pc.private_trace(f"rule {r}", columns[r], tuple(n for n, _ in columns[r]), "intermediate")
+             for r in component}
+    fixpoint = Fixpoint(columns, refs, bodies, slots, goal)
     for r in component:
         pc.rule_relations[r] = (fixpoint.outputs[r], kinds[r])
     return pc.rule_relations[name]

@@ -5,17 +5,12 @@ from __future__ import annotations
 import datetime as _dt
 from typing import Any, Sequence
 
-import pandas as pd
-
-from factflow.arrangement.batch import DIFF
+from factflow.dataflow.nodes import Static
+from factflow.dataflow.slots import RowsSlot
 from factflow.errors import QueryError
 from factflow.lang.ast import BindColl, Binding, BindRel, BindScalar, BindTuple, Blank, Var
-from factflow.model.frames import spark_frame
-from factflow.model.types import Kind, kind_of_python_value, spark_type, to_utc_naive
-from factflow.dataflow.nodes import Static
+from factflow.model.types import Kind, kind_of_python_value, to_utc_naive
 from factflow.planner.context import PlanContext
-
-from pyspark.sql import types as T
 
 __all__ = ["binding_rows", "static_relation"]
 
@@ -80,20 +75,12 @@ def static_relation(pc: PlanContext, elements: Sequence[Var | Blank], rows: Sequ
             if v is None:
                 raise QueryError(f"{where}: nil is not a valid input value")
     distinct = list(dict.fromkeys(projected))
-    cols = []
-    data: dict[str, list] = {}
-    for j, var in enumerate(variables):
-        values = [row[j] for row in distinct]
-        kind = _column_kind(values, var, expected.get(var), where)
-        name = columns[var]
-        cols.append((name, kind))
-        data[name] = [_convert(v, kind) for v in values]
-    data[DIFF] = [1] * len(distinct)
-    schema = T.StructType([T.StructField(n, spark_type(k), False) for n, k in cols]
-                          + [T.StructField(DIFF, T.LongType(), False)])
-    frame = pd.DataFrame(data, columns=[n for n, _ in cols] + [DIFF])
-    view = pc.view(spark_frame(pc.spark, frame, schema))
-    return Static(f"(SELECT /*+ COALESCE(1) */ * FROM {view})", tuple(cols), f"{where} ({len(distinct)} rows)")
+    kinds = [_column_kind([row[j] for row in distinct], var, expected.get(var), where)
+             for j, var in enumerate(variables)]
+    # sorted: a relation is a set, so inputs given in another order plan the same
+    converted = tuple(sorted({tuple(_convert(v, k) for v, k in zip(row, kinds)) for row in distinct}))
+    slot = RowsSlot(tuple((columns[var], k) for var, k in zip(variables, kinds)), converted, pc.owner)
+    return Static(slot, f"{where} ({len(distinct)} rows)")
 
 
 def _convert(value: Any, kind: Kind) -> Any:

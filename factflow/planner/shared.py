@@ -3,7 +3,8 @@
 A registered rule called without bound arguments (or a recursive component of such
 rules) defines one relation whatever query asks for it. The first query that calls it
 plans it (with that query's join strategy) into a :class:`SharedRule`: the rule's
-operators and the state they keep, owned by the rule rather than by the query. Later
+operators and the state they keep, owned by the rule rather than by the query (their
+slots are allocated, and the rule registered, when that query is installed). Later
 queries with the same strategy read the same operators: on install they see the rule's
 maintained state as their initial change (nothing is recomputed), and in every epoch
 the engine evaluates the rule's operators once for all the queries reading them. The
@@ -23,8 +24,6 @@ from factflow.model.types import Kind
 from factflow.planner.holdings import Holdings
 
 if TYPE_CHECKING:  # pragma: no cover
-    from pyspark.sql import SparkSession
-
     from factflow.dataflow.context import EpochContext
 
 __all__ = ["SharedRule", "SharedRules"]
@@ -34,8 +33,8 @@ class SharedRule(Holdings):
     """The relations of one rule (or recursive component) planned with one join strategy,
     the state they hold, and the queries that read them."""
 
-    def __init__(self, spark: "SparkSession", rules: list[str], strategy: str):
-        super().__init__(spark)
+    def __init__(self, rules: list[str], strategy: str):
+        super().__init__()
         self.rules = tuple(rules)
         self.strategy = strategy
         self.name = f"shared {'/'.join(self.rules)} ({strategy})"
@@ -64,6 +63,14 @@ class SharedRule(Holdings):
         """Rows held in the rule's traces."""
         return sum(t.tuples for t, _ in self.traces)
 
+    def to_data(self, ref) -> dict:
+        """The rule as plain data (``ref`` numbers its relations' operators)."""
+        return {"name": self.name, "rules": list(self.rules), "strategy": str(self.strategy),
+                "relations": {rule: ref(node) for rule, (node, _) in self.relations.items()},
+                "kinds": {rule: [k.value for k in kinds] for rule, (_, kinds) in self.relations.items()},
+                "notes": [list(n) for n in self.notes], "uses": sorted(e.name for e in self.uses),
+                "attributes": sorted(str.__str__(a) for a in self.attributes)}
+
 
 class SharedRules:
     """The engine's shared rules, by (rule name, join strategy)."""
@@ -74,6 +81,13 @@ class SharedRules:
     def get(self, rule: str, strategy: str) -> SharedRule | None:
         """The installed shared relation of ``rule`` planned with ``strategy``, if any."""
         return self._entries.get((rule, strategy))
+
+    def current(self, entry: SharedRule) -> bool:
+        """Whether ``entry`` can be installed with a query now: a planned rule whose rules
+        no installed entry holds yet, or an installed entry still registered."""
+        if entry.installed:
+            return all(self._entries.get((rule, entry.strategy)) is entry for rule in entry.rules)
+        return all((rule, entry.strategy) not in self._entries for rule in entry.rules)
 
     def entries(self) -> list[SharedRule]:
         """Every installed shared rule, each once."""

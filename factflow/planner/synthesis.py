@@ -1,126 +1,36 @@
-"""Synthesis of a query into a dataflow: inputs, body, projection onto ``:find``, result state.
+"""Synthesis of a query into a plan: inputs, body, projection onto ``:find``, result state.
 
-``synthesize`` is what ``interest`` does: it resolves the rules the query depends on,
-plans its body for the chosen join strategy and ends the dataflow in a *result* operator
-that keeps the query's current result in a private trace (derivation counts under set
-semantics, so each tuple is reported once; plain multiplicities under multiset).
+``plan_query`` is the planning half of what ``interest`` does: it resolves the rules the
+query depends on, plans its body for the chosen join strategy and ends the dataflow in a
+*result* operator that will keep the query's current result in a private trace
+(derivation counts under set semantics, so each tuple is reported once; plain
+multiplicities under multiset). It reads the schema, the rules and the shared rules, and
+allocates nothing: the :class:`~factflow.planner.plan.Plan` it returns is installed by
+:func:`factflow.engine.install.install`.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 from factflow.dataflow.aggregate import Reduce, aggregate_spec
-from factflow.dataflow.recursion import Fixpoint
 from factflow.dataflow.nodes import Arranged, Distinct, Node, Project, Stateful, Static
 from factflow.errors import QueryError
 from factflow.lang.ast import (
-    Aggregate, BindScalar, Blank, Const, FindElement, FindVar, FnCall, Pattern, Pull, Query, Var, binding_vars, show,
-    term_vars,
+    Aggregate, BindScalar, Blank, Const, FindVar, FnCall, Pattern, Pull, Query, Var, binding_vars, show, term_vars,
 )
+from factflow.lang.parser import parse_query
+from factflow.lang.rules import RuleStore
+from factflow.model.schema import Schema
 from factflow.planner.conjunction import Scope, pattern_kinds, plan_conjunction
 from factflow.planner.context import PlanContext
+from factflow.planner.plan import Plan
 from factflow.planner.pull import PullPlan, plan_pull
 from factflow.planner.relations import binding_rows, static_relation
-from factflow.planner.shared import SharedRule
+from factflow.planner.shared import SharedRules
 from factflow.planner.strategy import requested_strategy
 
-__all__ = ["Dataflow", "synthesize"]
-
-
-class Dataflow:
-    """A synthesized query: its operators, the state they hold, and its result operator."""
-
-    def __init__(self, pc: PlanContext, result: Stateful, find: list[tuple[FindElement, str]], strategy: str,
-                 requested: str, find_kind: str = "rel", decoders: dict[str, Callable] | None = None,
-                 pulls: Sequence[PullPlan] = ()):
-        self.pc = pc
-        self.name = pc.name
-        self.result = result
-        self.find = find
-        self.find_kind = find_kind
-        self.decoders = dict(decoders or {})
-        self.strategy = strategy
-        self.requested_strategy = requested
-        self.semantics = pc.semantics
-        #: the pull expressions of :find, whose stages are maintained beside the result
-        self.pulls = list(pulls)
-        self.nodes: list[Node] = list({id(n): n for root in [result, *self.pull_nodes()] for n in root.walk()}
-                                      .values())
-        self.stateful: list[Node] = [n for n in self.nodes if isinstance(n, (Stateful, Fixpoint))]
-        self.attributes = set(pc.attributes)
-
-    def pull_nodes(self) -> list[Stateful]:
-        """The stateful operators of every pull stage (see :mod:`factflow.planner.pull`)."""
-        return [n for p in self.pulls for n in p.nodes()]
-
-    def outputs(self, subscribed: bool) -> list[Stateful]:
-        """The operators whose changes an epoch must fetch for this query: the result when
-        someone subscribes; with pulls, the result and every stage (their rows on the driver
-        are kept up to date whether or not anyone subscribes)."""
-        if self.pulls:
-            return [self.result, *self.pull_nodes()]
-        return [self.result] if subscribed else []
-
-    @property
-    def report_columns(self) -> list[str]:
-        """Result columns in :find order."""
-        return [col for _, col in self.find]
-
-    def tuples(self, role: str) -> int:
-        """Rows held in this query's private traces of ``role`` ('intermediate' or 'result')."""
-        return sum(t.tuples for t, r in self.pc.traces if r == role)
-
-    def private_traces(self):
-        """(trace, role) pairs private to this query."""
-        return list(self.pc.traces)
-
-    def handles(self):
-        """Every trace handle the query holds (those of the shared rules it reads not included)."""
-        return list(self.pc.handles)
-
-    def shared_rules(self) -> list[SharedRule]:
-        """The shared rules the query reads (see :mod:`factflow.planner.shared`)."""
-        return list(self.pc.shared)
-
-    def explain(self) -> str:
-        """A readable description of the plan."""
-        lines = [
-            f"query {self.name}",
-            f"  strategy: {self.strategy} (requested {self.requested_strategy})",
-            f"  semantics: {self.semantics}",
-            f"  find ({self.find_kind}): {' '.join(str(v) for v, _ in self.find)}",
-            "  conjunctions:",
-        ]
-        for conjunction, strategy, reason in self.pc.strategies:
-            lines.append(f"    {conjunction}: {strategy + ' (' + reason + ')' if strategy else reason}")
-        lines.append("  plan:")
-        seen: set[int] = set()
-
-        def render(node: Node, depth: int) -> None:
-            pad = "    " + "  " * depth
-            if id(node) in seen:
-                lines.append(f"{pad}(shared) {node.describe()}")
-                return
-            seen.add(id(node))
-            cols = ", ".join(f"{n}:{k.value}" for n, k in node.columns)
-            lines.append(f"{pad}{node.describe()}  [{cols}]")
-            lines.extend(f"{pad}  | {line}" for line in node.details())
-            for child in node.inputs():
-                render(child, depth + 1)
-
-        render(self.result, 0)
-        for pull in self.pulls:
-            lines.append(f"  pull {pull.element} (entities from {pull.column}):")
-            for path in pull.paths.values():
-                lines.append(f"    stage {path.label}")
-                render(path.node, 1)
-        return "\n".join(lines)
-
-    def close(self) -> None:
-        """Release every handle and private trace (shared rules are released by the engine
-        when their last reader closes)."""
-        self.pc.release()
+__all__ = ["plan_query"]
 
 
 def _bind_inputs(query: Query, inputs: Sequence[Any], scope: Scope, pc: PlanContext) -> list[Static]:
@@ -181,9 +91,26 @@ def _unique_derivations(query: Query, pc: PlanContext, output: list[Var]) -> boo
     return True
 
 
-def synthesize(query: Query, inputs: Sequence[Any], pc: PlanContext, join: str) -> Dataflow:
-    """Build the dataflow of ``query`` as of ``pc.epoch`` with join strategy ``join``."""
-    pc.strategy = requested_strategy(join)
+def plan_query(query: str | Query, schema: Schema, rules: RuleStore, inputs: Sequence[Any] = (),
+               join: str = "auto", semantics: str = "set", shared_rules: SharedRules | None = None) -> Plan:
+    """The plan of ``query`` (text or parsed) with ``inputs`` for its ``:in`` bindings, join
+    strategy ``join`` and ``semantics`` ('set' or 'multiset'), over ``schema`` and ``rules``;
+    rules ``shared_rules`` holds already are read from there (None: every rule is planned
+    for this query alone). Allocates nothing; a QueryError for a query that cannot be planned."""
+    if semantics not in ("set", "multiset"):
+        raise QueryError(f"semantics must be 'set' or 'multiset', not {semantics!r}")
+    parsed = parse_query(query) if isinstance(query, str) else query
+    pc = PlanContext(schema, rules, semantics, requested_strategy(join), shared_rules)
+    return _synthesize(parsed, tuple(inputs), pc, join)
+
+
+def _plan(pc: PlanContext, result: Stateful, find: list, strategy: str, join: str, find_kind: str,
+          decoders: dict | None = None, pulls: Sequence[PullPlan] = ()) -> Plan:
+    return Plan(result, find, find_kind, decoders or {}, strategy, join, pc.semantics, pulls, pc.strategies,
+                pc.notes, pc.shared, pc.attributes)
+
+
+def _synthesize(query: Query, inputs: Sequence[Any], pc: PlanContext, join: str) -> Plan:
     scope = Scope(pc)
     sources = _bind_inputs(query, inputs, scope, pc)
     root = plan_conjunction(query.where, sources, scope, pc)
@@ -203,18 +130,16 @@ def synthesize(query: Query, inputs: Sequence[Any], pc: PlanContext, join: str) 
     projected = Project(root, columns)
     if aggregates:
         return _aggregation(query, pc, scope, projected, find_vars, aggregates, strategy, join)
-    trace = pc.private_trace("result", projected.columns, tuple(columns), "result")
+    slot = pc.private_trace("result", projected.columns, tuple(columns), "result")
     needs_distinct = pc.semantics == "set" and not _unique_derivations(query, pc, output)
-    result: Stateful = (Distinct(projected, trace, pc.name, role="result") if needs_distinct
-                        else Arranged(projected, trace, pc.name))
-    result.role = "result"
+    result: Stateful = Distinct(projected, slot) if needs_distinct else Arranged(projected, slot)
     find = [(e if isinstance(e, Pull) else FindVar(e.var), scope.col(e.var)) for e in query.find.elements]
     stages = [plan_pull(p, root, result, scope, pc) for p in pulls]
-    return Dataflow(pc, result, find, strategy, join, query.find.kind, pulls=stages)
+    return _plan(pc, result, find, strategy, join, query.find.kind, pulls=stages)
 
 
 def _aggregation(query: Query, pc: PlanContext, scope: Scope, projected: Node, find_vars: list[Var],
-                 aggregates: list[Aggregate], strategy: str, join: str) -> Dataflow:
+                 aggregates: list[Aggregate], strategy: str, join: str) -> Plan:
     """Group the set of find (and :with) tuples by the plain find variables and aggregate."""
     tuples = pc.distinct(projected, "aggregate input")
     group = [scope.col(v) for v in find_vars]
@@ -222,11 +147,11 @@ def _aggregation(query: Query, pc: PlanContext, scope: Scope, projected: Node, f
     for a in aggregates:
         col = scope.col(a.var)
         specs.append(aggregate_spec(a.fn, a.params, col, projected.kind_of(col), pc.column(a.fn), show(a)))
-    trace = pc.private_trace("result", tuple((g, projected.kind_of(g)) for g in group)
-                             + tuple((s.column, s.kind) for s in specs), tuple(group), "result")
-    result = Reduce(tuples, group, specs, trace, pc.name)
+    slot = pc.private_trace("result", tuple((g, projected.kind_of(g)) for g in group)
+                            + tuple((s.column, s.kind) for s in specs), tuple(group), "result")
+    result = Reduce(tuples, group, specs, slot)
     by_agg = dict(zip(aggregates, specs))
     find = [(e, scope.col(e.var)) if isinstance(e, FindVar) else (e, by_agg[e].column)
             for e in query.find.elements]
     decoders = {s.column: s.decode for s in specs if s.decode is not None}
-    return Dataflow(pc, result, find, strategy, join, query.find.kind, decoders)
+    return _plan(pc, result, find, strategy, join, query.find.kind, decoders)

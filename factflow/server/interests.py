@@ -1,9 +1,10 @@
 """Which client listens to what: shared query interests and attribute subscriptions.
 
 An interest names a query. The first client interested under a name installs it in the
-engine; a later client naming the same query (the same EDN form, inputs and join, however
-the text is spaced) shares that one dataflow; a different query under a taken name is a
-conflict. The dataflow is torn down with its last interested client, unless it is durable
+engine; a later client naming the same query (one whose plan, see :meth:`Engine.plan
+<factflow.engine.engine.Engine.plan>`, has the same fingerprint: the same form, inputs and
+join, however the text is spaced) shares that one dataflow; a different query under a
+taken name is a conflict. The dataflow is torn down with its last interested client, unless it is durable
 (an interest with ``durable``, on a server with a state directory): a durable query stays
 installed without clients, is installed again when the server restarts on the same state
 directory, and goes only when a client drops it. Every epoch's
@@ -15,12 +16,9 @@ Only the command thread (:mod:`factflow.server.worker`) touches this registry.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass, field
 from typing import Callable
 
-from factflow import edn
 from factflow.engine.engine import Engine
 from factflow.engine.query import Query
 from factflow.server.protocol import ProtocolError
@@ -44,7 +42,7 @@ class Listener:
 class _Shared:
     """One installed query and the clients interested in it."""
 
-    identity: tuple
+    identity: str  # the fingerprint of the query's plan
     query: Query
     listeners: dict[str, Listener] = field(default_factory=dict)
 
@@ -59,10 +57,9 @@ class Interests:
         self._attributes: dict[str, tuple[dict[str, Listener], Callable[[], None]]] = {}
         for query in engine.queries.values():  # the durable queries a state directory brought back
             if query.durable:
-                d = query.definition
-                self._share(_identity(d.text, list(d.inputs), d.join), query)
+                self._share(query.plan.fingerprint(), query)
 
-    def _share(self, identity: tuple, query: Query) -> _Shared:
+    def _share(self, identity: str, query: Query) -> _Shared:
         shared = self._queries[query.name] = _Shared(identity, query)
         query.subscribe(lambda epoch, changes, s=shared: self._fan_out(s, epoch, changes))
         return shared
@@ -71,13 +68,13 @@ class Interests:
                  durable: bool = False) -> Query:
         """Add ``listener`` to the query ``name`` (installing it if new, making it durable if
         asked); pushes its current result as the first change and returns the query. Without
-        a name, the query is named after what identifies it, so that every client asking it
-        shares it."""
+        a name, the query is named after its plan's fingerprint, so that every client asking
+        it shares it."""
         if durable and not self.engine.durable:
             raise ProtocolError("unsupported", "durable interests need a server with a state directory "
                                 "(factflow serve --state-dir DIR)")
-        identity = _identity(text, inputs, join)
-        name = name or "q-" + hashlib.sha1(repr(identity).encode()).hexdigest()[:12]
+        identity = self.engine.plan(text, inputs=inputs, join=join).fingerprint()
+        name = name or "q-" + identity[:12]
         shared = self._queries.get(name)
         if shared is None:
             shared = self._share(identity, self.engine.query(text, name=name, inputs=inputs, join=join,
@@ -182,7 +179,3 @@ class Interests:
         for listener in list(listeners.values()):
             self._push(listener, "attribute", key, epoch, changes, False)
 
-
-def _identity(text: str, inputs: list, join: str) -> tuple:
-    """What makes two interests the same query: the parsed EDN form, the inputs and the join."""
-    return edn.write(edn.read(text)), json.dumps(inputs, sort_keys=True, default=str), join

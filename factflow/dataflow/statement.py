@@ -15,12 +15,17 @@ class Statement:
     Naming a subquery lets many operators refer to it while it is written only once.
 
     A ``single_partition`` statement (a small epoch's, planned with
-    ``EngineConfig.small_conf``) puts every named subquery into one partition without a
-    shuffle (a ``COALESCE(1)`` hint). Spark then sees every join and aggregate input as a
-    single partition and plans no exchange between them, so the statement runs as one
-    stage: a join's own output is not a single partition to Spark (it is a collection of
-    its inputs' partitionings), and without the hint every join above another join, and
-    every aggregate over a union, shuffled into one partition, a stage of its own each.
+    ``EngineConfig.small_conf``, whose local relations are coalesced into one partition
+    where they are registered) puts every named subquery that joins or unions into one
+    partition without a shuffle (a ``COALESCE(1)`` hint). Spark then sees every join and
+    aggregate input as a single partition and plans no exchange between them, so the
+    statement runs as one stage: a join's own output is not a single partition to Spark
+    (it is a collection of its inputs' partitionings), nor is a union's, and without the
+    hint every join above another join, and every aggregate over a union, shuffled into one
+    partition, a stage of its own each. Projections, filters and aggregates keep their
+    input's partitioning, so subqueries without a join or union are left as they are: each
+    hint is one more operator for Spark to analyse and optimize. (The test is on the text:
+    a constant that spells `` JOIN `` adds a hint that changes nothing.)
     """
 
     def __init__(self, single_partition: bool = False) -> None:
@@ -30,7 +35,9 @@ class Statement:
     def define(self, sql: str) -> str:
         """Name a subquery; returns the name to use in FROM clauses."""
         name = f"__r{len(self._defs) + 1}"
-        self._defs[name] = f"SELECT /*+ COALESCE(1) */ * FROM ({sql})" if self._single_partition else sql
+        if self._single_partition and (" JOIN " in sql or " UNION " in sql):
+            sql = f"SELECT /*+ COALESCE(1) */ * FROM ({sql})"
+        self._defs[name] = sql
         return name
 
     def render(self, sql: str) -> str:

@@ -103,6 +103,12 @@ def register_view(frame: DataFrame, prefix: str = "ff_b") -> str:
     return name
 
 
+def one_partition(relation: str) -> str:
+    """SQL reading ``relation`` (a view name or a parenthesized subquery) as one partition,
+    without a shuffle (a ``COALESCE(1)`` hint): how small relations enter a statement."""
+    return f"(SELECT /*+ COALESCE(1) */ * FROM {relation})"
+
+
 def drop_view(spark: SparkSession, name: str) -> None:
     """Drop a temp view registered by :func:`register_view`."""
     spark.catalog.dropTempView(name)
@@ -153,7 +159,7 @@ class Batch:
             if self.view is None:
                 self.frame = spark_frame(self._spark, self.local, self._layout.spark_schema())
                 self.view = register_view(self.frame)
-            return f"(SELECT /*+ COALESCE(1) */ * FROM {self.view})"
+            return one_partition(self.view)
         return self.view
 
     @property

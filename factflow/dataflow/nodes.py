@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from factflow.arrangement.batch import DIFF
+from factflow.arrangement.batch import DIFF, one_partition
 from factflow.arrangement.trace import Trace, TraceHandle
 from factflow.dataflow import zset
 from factflow.dataflow.context import EpochContext, Version
@@ -259,7 +259,7 @@ class Static(Node):
         return [self.slot]
 
     def bind(self, alloc):
-        self.view = f"(SELECT /*+ COALESCE(1) */ * FROM {alloc.view(self.slot)})"
+        self.view = one_partition(alloc.view(self.slot))
 
     def params(self, ref):
         return {"slot": self.slot.to_data(), "label": self.label}

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+from factflow.arrangement.batch import one_partition
+
 __all__ = ["Statement"]
 
 _NAME = re.compile(r"__r\d+\b")
@@ -36,7 +38,7 @@ class Statement:
         """Name a subquery; returns the name to use in FROM clauses."""
         name = f"__r{len(self._defs) + 1}"
         if self._single_partition and (" JOIN " in sql or " UNION " in sql):
-            sql = f"SELECT /*+ COALESCE(1) */ * FROM ({sql})"
+            sql = one_partition(f"({sql})")
         self._defs[name] = sql
         return name
 

@@ -44,7 +44,7 @@ import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
-from factflow.arrangement.batch import DIFF, checkpoint, drop_view, register_view, release_checkpoint
+from factflow.arrangement.batch import DIFF, checkpoint, drop_view, one_partition, register_view, release_checkpoint
 from factflow.dataflow.context import EpochContext
 from factflow.dataflow.nodes import OUT, Columns, Distinct, Node, Stateful
 from factflow.dataflow.recursion import Fixpoint
@@ -192,7 +192,7 @@ class Evaluation:
                               + [T.StructField(DIFF, T.LongType(), False)])
         view = register_view(spark_frame(self.spark, data, schema), prefix="ff_l")
         self._views.append(view)
-        relation = f"(SELECT /*+ COALESCE(1) */ * FROM {view})"
+        relation = one_partition(view)
         self._local[relation] = data
         return relation
 

@@ -128,6 +128,84 @@ def test_maintenance_runs_after_delivery(people):
     assert not people._state.unmaintained and "maintenance" in people.epoch_log[-1].phases
 
 
+def test_merges_that_need_spark_run_in_the_background(spark, monkeypatch):
+    """Stored merges run while the next epoch computes: the second epoch is delivered while
+    the first epoch's merge is still running; every result is right, and the merges land."""
+    import threading
+
+    from factflow import Engine, EngineConfig
+    from factflow.arrangement.trace import StoredMerge
+
+    release, running = threading.Event(), threading.Event()
+    original = StoredMerge.run
+
+    def slow_run(self):
+        running.set()
+        assert release.wait(60), "the test never released the merge"
+        original(self)
+
+    monkeypatch.setattr(StoredMerge, "run", slow_run)
+    db = Engine(spark=spark, config=EngineConfig(local_limit=2))
+    try:
+        db.create_attribute(":e", type="ref")
+        q = db.query("[:find ?a ?c :where [?a :e ?b] [?b :e ?c]]")
+        seen = []
+
+        def on_epoch(epoch, changes):
+            seen.append((epoch, running.is_set() and not release.is_set()))
+            if running.is_set():
+                release.set()
+
+        q.subscribe(on_epoch)
+        db.transact([add(1, ":e", 2), add(2, ":e", 3), add(3, ":e", 4)])
+        db.transact([add(4, ":e", 5), add(5, ":e", 6)])
+        assert running.wait(60)  # merges are under way in the background
+        db.transact([retract(1, ":e", 2)])
+        assert [epoch for epoch, _ in seen] == [1, 2, 3]
+        # an epoch was delivered while an earlier one's merge was held (only delivery releases it)
+        assert any(held for _, held in seen)
+        for k in range(3):
+            db.transact([add(10 + k, ":e", 1), add(20 + k, ":e", 10 + k)])
+        db.wait_for_maintenance()
+        expected = {(2, 4), (3, 5), (4, 6)} | {(20 + k, 1) for k in range(3)}
+        assert set(q.results()) == expected
+        background = [r for r in db.epoch_log if "background merges" in r.phases]
+        assert sum(r.merges for r in background) > 0 and any(r.maintenance_jobs for r in background)
+        assert any(not b.is_local for t in db._state.arrangements.values() for tr in t.traces.values()
+                   for b in tr.batches)
+    finally:
+        release.set()
+        db.close()
+
+
+def test_closing_during_a_background_merge(spark, monkeypatch):
+    """close() while a merge runs: the merge's result is thrown away, nothing is left behind."""
+    import threading
+    import time
+
+    from factflow import Engine, EngineConfig
+    from factflow.arrangement.trace import StoredMerge
+
+    running = threading.Event()
+    original = StoredMerge.run
+
+    def slow_run(self):
+        running.set()
+        time.sleep(0.5)
+        original(self)
+
+    monkeypatch.setattr(StoredMerge, "run", slow_run)
+    db = Engine(spark=spark, config=EngineConfig(local_limit=2))
+    db.create_attribute(":e", type="ref")
+    q = db.query("[:find ?a ?b :where [?a :e ?b]]")
+    db.transact([add(i, ":e", i + 1) for i in range(6)])
+    db.transact([add(i, ":e", i + 2) for i in range(6)])
+    assert running.wait(60)
+    db.close()
+    assert q.closed and db._state.arrangements == {}
+    assert not os.path.exists(db.state_dir)
+
+
 def test_transactions_in_edn_text(people):
     people.transact('[[:db/add 1 :person/name "Ann"] [:db/add 1 :person/age 30]]')
     q = people.query("[:find ?n ?a :where [?p :person/name ?n] [?p :person/age ?a]]")

@@ -100,3 +100,53 @@ def test_truncate_undoes_an_epoch(spark):
     trace.append_pandas(rows((2, "b", 1)), 2)
     trace.truncate(2)
     assert trace.upper == 2 and accumulate(spark, trace, 2) == {(1, "a"): 1}
+
+
+def stored_trace(spark, tmp_path, epochs):
+    """A trace of ``epochs`` one-row epochs whose merges need Spark (local_limit 1)."""
+    trace = make(spark, local_limit=1, factor=2, directory=str(tmp_path))
+    for epoch in range(1, epochs + 1):
+        trace.append_pandas(rows((epoch, f"v{epoch}", 1)), epoch)
+    return trace
+
+
+def test_a_stored_merge_runs_on_a_snapshot_and_survives_appends(spark, tmp_path):
+    """Computed off the lock, a stored merge swaps in even after later epochs appended."""
+    trace = stored_trace(spark, tmp_path, 2)
+    assert trace.merge_local() == 0  # one-row batches do not fit together on the driver here
+    stored = trace.stored_merge()
+    assert stored is not None and stored.snapshot == trace.batches
+    stored.run()
+    assert len(trace.batches) == 2  # nothing readers see has changed yet
+    trace.append_pandas(rows((3, "v3", 1)), 3)  # an epoch commits meanwhile
+    assert stored.commit() == 1
+    assert len(trace.batches) == 2 and not trace.batches[0].is_local and trace.batches[0].index_paths
+    assert accumulate(spark, trace, 3) == {(1, "v1"): 1, (2, "v2"): 1, (3, "v3"): 1}
+    assert trace.stored_merge() is not None  # the third batch is due now
+
+
+def test_a_stored_merge_of_a_changed_trace_is_thrown_away(spark, tmp_path):
+    """If the snapshot no longer heads the trace (compacted, closed), the result is dropped
+    and the batches the trace holds stay readable."""
+    trace = stored_trace(spark, tmp_path, 2)
+    stored = trace.stored_merge()
+    stored.run()
+    trace.compact()
+    assert stored.commit() == 0
+    assert accumulate(spark, trace, 2) == {(1, "v1"): 1, (2, "v2"): 1}
+    closing = stored_trace(spark, tmp_path, 2)
+    late = closing.stored_merge()
+    closing.close()  # the snapshot is pinned: its rows stay readable until the merge is done
+    late.run()
+    assert late.commit() == 0 and closing.batches == []
+
+
+def test_a_stored_merge_writes_missing_index_files(spark, tmp_path):
+    trace = make(spark, local_limit=1, factor=2, directory=str(tmp_path))
+    frame = spark.createDataFrame([(1, "a", 1, 1), (2, "b", 1, 1), (3, "c", 1, 1)], "e long, v string, _t long, _diff long")
+    trace.append(trace.materialize(frame, 1, 2))
+    assert trace.batches[0].index is None
+    stored = trace.stored_merge()
+    stored.run()
+    assert stored.commit() == 0 and trace.batches[0].index_paths
+    assert trace.stored_merge() is None

@@ -97,10 +97,6 @@ class AttributeArrangement:
         for trace in self.traces.values():
             trace.truncate(epoch)
 
-    def maintain(self) -> int:
-        """Merge batches of every index; returns merges done."""
-        return sum(t.maintain() for t in self.traces.values())
-
     @property
     def tuples(self) -> int:
         """Rows held across all of this attribute's indexes."""

@@ -129,7 +129,7 @@ class Batch:
     """An immutable batch of updates covering epochs ``[lower, upper)``, readable as a view."""
 
     __slots__ = ("lower", "upper", "rows", "frame", "local", "view", "index", "index_paths", "_stored", "_arrow",
-                 "_spark", "_layout", "_pins", "_released")
+                 "_spark", "_layout", "_pins", "_released", "_indexing")
 
     def __init__(self, lower: int, upper: int, rows: int, frame: DataFrame | None,
                  local: pd.DataFrame | None = None, stored: DataFrame | None = None,
@@ -148,6 +148,7 @@ class Batch:
         self.view = register_view(frame) if rows and frame is not None else None
         self._pins = 0
         self._released = False
+        self._indexing = threading.Lock()
 
     @property
     def source(self) -> str:
@@ -174,10 +175,12 @@ class Batch:
         return self._arrow
 
     def write_index(self, key: tuple[str, ...], directory: str) -> None:
-        """Write this stored batch's sorted index files (once; a Spark job)."""
-        if self.index is None and self.rows and self.local is None:
-            self.index_paths = write_index(self.frame, key, directory)
-            self.index = directory
+        """Write this stored batch's sorted index files (once, whichever thread asks first; a
+        Spark job)."""
+        with self._indexing:
+            if self.index is None and self.rows and self.local is None:
+                self.index_paths = write_index(self.frame, key, directory)
+                self.index = directory
 
     @classmethod
     def from_pandas(cls, spark: SparkSession, layout: Layout, frame: pd.DataFrame,

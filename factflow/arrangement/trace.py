@@ -7,7 +7,11 @@ earlier epoch; the trace's compaction frontier is the least frontier of its live
 
 Maintenance merges adjacent batches geometrically (a batch is merged into its older
 neighbour while that neighbour is at most ``factor`` times larger), the way an LSM tree or
-a merge sort would, so a trace holds logarithmically many batches. Merging *compacts*:
+a merge sort would, so a trace holds logarithmically many batches. It comes in two parts:
+:meth:`Trace.merge_local` merges trailing driver-side batches at once (no Spark), and
+:meth:`Trace.stored_merge` hands what needs Spark (merges that make or read stored batches,
+index files) to a :class:`StoredMerge`, which computes them from a pinned snapshot of the
+batches without the engine lock and swaps them in afterwards, under it. Merging *compacts*:
 times older than the compaction frontier are advanced to it, updates that become
 indistinguishable are summed, and rows whose diff sums to zero are dropped. Small merged
 batches stay on the driver (see :mod:`.batch`); larger ones are consolidated by Spark,
@@ -34,7 +38,7 @@ from factflow.arrangement.batch import DIFF, TIME, Batch, Layout, checkpoint, re
 from factflow.errors import FactflowError
 from factflow.model.types import sql_type
 
-__all__ = ["MergePolicy", "Trace", "TraceHandle"]
+__all__ = ["MergePolicy", "StoredMerge", "Trace", "TraceHandle"]
 
 log = logging.getLogger(__name__)
 _TRACE_IDS = itertools.count(1)
@@ -201,9 +205,10 @@ class Trace:
         local = [b.arrow(self.layout) for b in readable if b.is_local]
         return paths, local
 
-    def index_stored(self) -> None:
-        """Write the index files of stored batches that have none (a Spark job each)."""
-        for b in self.batches:
+    def index_stored(self, batches: list[Batch] | None = None) -> None:
+        """Write the index files of stored batches (default: this trace's) that have none (a
+        Spark job each; a batch being indexed by another thread is waited for)."""
+        for b in self.batches if batches is None else batches:
             if not b.is_local and b.index is None:
                 directory = os.path.join(self.policy.directory, f"trace-{self._id}", f"batch-{next(self._indexes)}")
                 self.spark.sparkContext.setJobDescription(f"index {self.name} [{b.lower}, {b.upper})")
@@ -283,36 +288,60 @@ class Trace:
         self.upper = min(self.upper, epoch)
 
     def maintain(self) -> int:
-        """Merge batches; returns the number of merges done.
+        """Merge batches now (local ones, then any :meth:`stored_merge`); returns the number of
+        merges done."""
+        done = self.merge_local()
+        stored = self.stored_merge()
+        if stored is not None:
+            stored.run()
+            done += stored.commit()
+        return done
 
-        Trailing local batches are merged into one whenever they fit on the driver (cheap,
-        and every extra batch would cost Spark a scan task on each read). The rest merge
-        geometrically: a batch joins its older neighbour while that neighbour is at most
-        ``factor`` times larger.
-        """
+    def merge_local(self) -> int:
+        """Merge trailing local batches into one while they fit on the driver (cheap, and every
+        extra batch would cost Spark a scan task on each read); returns the merges done."""
         done = 0
-        while len(self.batches) >= 2:
+        while len(self.batches) >= 2 and self._fits_locally(self.batches[-2], self.batches[-1]):
             older, newer = self.batches[-2], self.batches[-1]
-            both_local = older.is_local and newer.is_local and older.rows + newer.rows <= self.policy.local_limit
-            if not both_local and older.rows > self.policy.factor * newer.rows:
-                break
-            merged = self._merge(older, newer)
+            merged, since = self._consolidate([older, newer], older.lower, newer.upper)
+            older.release()
+            newer.release()
+            self.since = max(self.since, since)
             self.batches[-2:] = [merged] if merged.rows else []
             done += 1
         self.merges += done
-        if self.policy.directory is not None:
-            self.index_stored()
         return done
+
+    def stored_merge(self) -> "StoredMerge | None":
+        """The merges left that need Spark (the geometric ones: a batch joins its older
+        neighbour while that neighbour is at most ``factor`` times larger) and the index
+        files stored batches lack, as a :class:`StoredMerge` of the current batches; None
+        when there are none."""
+        due = len(self.batches) >= 2 and self._merge_due(self.batches[-2], self.batches[-1])
+        unindexed = self.policy.directory is not None and any(
+            not b.is_local and b.index is None for b in self.batches)
+        return StoredMerge(self) if due or unindexed else None
+
+    def _fits_locally(self, older: Batch, newer: Batch) -> bool:
+        return older.is_local and newer.is_local and older.rows + newer.rows <= self.policy.local_limit
+
+    def _merge_due(self, older: Batch, newer: Batch) -> bool:
+        return self._fits_locally(older, newer) or older.rows <= self.policy.factor * newer.rows
 
     def compact(self) -> None:
         """Merge every batch into one, compacting to the current frontier."""
         while len(self.batches) >= 2:
             older, newer = self.batches[-2], self.batches[-1]
-            merged = self._merge(older, newer)
+            merged, since = self._consolidate([older, newer], older.lower, newer.upper)
+            older.release()
+            newer.release()
+            self.since = max(self.since, since)
             self.batches[-2:] = [merged] if merged.rows else []
         if len(self.batches) == 1 and self.frontier() > self.since:
             only = self.batches[0]
-            merged = self._consolidate([only], only.lower, only.upper)
+            merged, since = self._consolidate([only], only.lower, only.upper)
+            only.release()
+            self.since = max(self.since, since)
             self.batches = [merged] if merged.rows else []
 
     def close(self) -> None:
@@ -324,13 +353,10 @@ class Trace:
             h.release()
 
     # ------------------------------------------------------------ internals
-    def _merge(self, older: Batch, newer: Batch) -> Batch:
-        merged = self._consolidate([older, newer], older.lower, newer.upper)
-        older.release()
-        newer.release()
-        return merged
-
-    def _consolidate(self, parts: list[Batch], lower: int, upper: int) -> Batch:
+    def _consolidate(self, parts: list[Batch], lower: int, upper: int) -> tuple[Batch, int]:
+        """One batch of ``parts``' updates with times compacted to the frontier (the parts
+        stay as they are); returns it and the frontier it compacted to (the caller's to
+        record in ``since``)."""
         frontier = min(self.frontier(), upper - 1)
         names = self.layout.names
         if sum(p.rows for p in parts) <= self.policy.local_limit and all(p.is_local for p in parts):
@@ -338,16 +364,13 @@ class Trace:
             frame[TIME] = np.maximum(frame[TIME].to_numpy(), frontier)
             frame = frame.groupby(names + [TIME], sort=False, dropna=False, as_index=False)[DIFF].sum()
             frame = frame[frame[DIFF] != 0]
-            batch = Batch.from_pandas(self.spark, self.layout, frame, lower, upper)
-        else:
-            cols = ", ".join(f"`{n}`" for n in names)
-            union = " UNION ALL ".join(f"SELECT * FROM {p.source}" for p in parts if p.rows)
-            sql = (f"SELECT {cols}, greatest(`_t`, {frontier}L) AS `_t`, SUM(`_diff`) AS `_diff` "
-                   f"FROM ({union}) GROUP BY {cols}, greatest(`_t`, {frontier}L) HAVING SUM(`_diff`) <> 0")
-            self.spark.sparkContext.setJobDescription(f"merge {self.name} [{lower}, {upper})")
-            batch = self.materialize(self.spark.sql(sql), lower, upper)
-        self.since = max(self.since, frontier)
-        return batch
+            return Batch.from_pandas(self.spark, self.layout, frame, lower, upper), frontier
+        cols = ", ".join(f"`{n}`" for n in names)
+        union = " UNION ALL ".join(f"SELECT * FROM {p.source}" for p in parts if p.rows)
+        sql = (f"SELECT {cols}, greatest(`_t`, {frontier}L) AS `_t`, SUM(`_diff`) AS `_diff` "
+               f"FROM ({union}) GROUP BY {cols}, greatest(`_t`, {frontier}L) HAVING SUM(`_diff`) <> 0")
+        self.spark.sparkContext.setJobDescription(f"merge {self.name} [{lower}, {upper})")
+        return self.materialize(self.spark.sql(sql), lower, upper), frontier
 
     def materialize(self, frame: DataFrame, lower: int, upper: int) -> Batch:
         """A batch of ``frame`` (the full layout, with ``_t``): checkpointed, partitioned by
@@ -366,3 +389,90 @@ class Trace:
 
     def __repr__(self) -> str:
         return f"Trace({self.name}, upper={self.upper}, since={self.since}, batches={self.batches})"
+
+
+class StoredMerge:
+    """A trace's merges and index writes that need Spark, computed from a snapshot of its
+    batches so that they can run in the background, outside the engine lock.
+
+    The snapshot's batches are pinned (a trace closed meanwhile frees them only once this is
+    done). :meth:`run` merges a copy of the snapshot geometrically and writes missing index
+    files; it changes nothing readers see. :meth:`commit`, under the engine lock, puts the
+    result in place of the snapshot if the trace still starts with it (epochs since then
+    only appended batches after it; rollbacks only drop those), else throws the result
+    away; :meth:`abandon` throws it away in any case.
+    """
+
+    def __init__(self, trace: Trace):
+        self.trace = trace
+        self.snapshot = list(trace.batches)
+        self.result: list[Batch] | None = None
+        self.merges = 0
+        self.since = trace.since
+        for b in self.snapshot:
+            b.pin()
+
+    def run(self) -> None:
+        """Compute the merges and write index files (Spark jobs; no lock needed)."""
+        trace, batches, mine = self.trace, list(self.snapshot), []
+        try:
+            while len(batches) >= 2 and trace._merge_due(batches[-2], batches[-1]):
+                older, newer = batches[-2], batches[-1]
+                merged, since = trace._consolidate([older, newer], older.lower, newer.upper)
+                self.since = max(self.since, since)
+                for b in (older, newer):
+                    if b not in self.snapshot:  # an intermediate result of this run
+                        b.release()
+                        mine.remove(b)
+                batches[-2:] = [merged] if merged.rows else []
+                if merged.rows:
+                    mine.append(merged)
+                else:
+                    merged.release()
+                self.merges += 1
+            if trace.policy.directory is not None:
+                trace.index_stored(batches)
+        except BaseException:
+            for b in mine:
+                b.release()
+            raise
+        self.result = batches
+
+    def commit(self) -> int:
+        """Swap the result in (under the engine lock); returns the merges that took effect."""
+        trace = self.trace
+        try:
+            if self.result is None:
+                return 0
+            n = len(self.snapshot)
+            if len(trace.batches) < n or any(a is not b for a, b in zip(trace.batches, self.snapshot)):
+                self._drop_result()
+                return 0
+            trace.batches = self.result + trace.batches[n:]
+            kept = {id(b) for b in self.result}
+            for b in self.snapshot:
+                if id(b) not in kept:
+                    b.release()
+            trace.since = max(trace.since, self.since)
+            trace.merges += self.merges
+            return self.merges
+        finally:
+            self._unpin()
+
+    def abandon(self) -> None:
+        """Throw the result away (a failed run, or an engine closing)."""
+        self._drop_result()
+        self._unpin()
+
+    def _drop_result(self) -> None:
+        if self.result is not None:
+            snapshot = {id(b) for b in self.snapshot}
+            for b in self.result:
+                if id(b) not in snapshot:
+                    b.release()
+            self.result = None
+
+    def _unpin(self) -> None:
+        for b in self.snapshot:
+            b.unpin()
+        self.snapshot = []

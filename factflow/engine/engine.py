@@ -39,7 +39,8 @@ from factflow.engine.delivery import Deliveries
 from factflow.engine.durability import CheckpointReport, Durability, RecoveryReport
 from factflow.engine import transaction
 from factflow.engine.clock import EventClock, advance, buffer
-from factflow.engine.epoch import run_epoch, run_maintenance
+from factflow.engine.epoch import run_epoch
+from factflow.engine.maintenance import Maintenance
 from factflow.engine.feeds import AttributeSubscriber
 from factflow.engine.granularity import Window, window_seconds
 from factflow.engine.group import plan_runs
@@ -124,6 +125,7 @@ class Engine:
         self._id = next(_ENGINE_IDS)
         self._group = f"factflow-{self._id}-epoch"
         self.epoch_log: list[EpochReport] = []
+        self._maintenance = Maintenance(self._state, self._lock, f"factflow-{self._id}-maintenance", self.epoch_log)
         self._durability: Durability | None = None
         #: what opening the state directory recovered (None without ``state_dir``)
         self.recovery: RecoveryReport | None = None
@@ -140,6 +142,7 @@ class Engine:
             self._state, self._durability.log_attribute if self._durability else None) if introspection else None
         if state_dir:
             self._restore_queries()
+            self._maintenance.run()
 
     # ------------------------------------------------------------ schema and rules
     @property
@@ -404,12 +407,17 @@ class Engine:
                     raise
         finally:
             self._deliveries.drain()
+        self._maintenance.run()
         with self._lock:
-            if not self._closed:
-                run_maintenance(self._state, f"factflow-{self._id}-maintenance", self.epoch_log)
-                if self._durability is not None:
-                    self._durability.maybe_checkpoint()
+            if not self._closed and self._durability is not None:
+                self._durability.maybe_checkpoint()
         return result
+
+    def wait_for_maintenance(self) -> None:
+        """Wait until the merges and index files of every committed epoch and install are
+        done: they run in the background after delivery (see
+        :mod:`factflow.engine.maintenance`), at most one round behind."""
+        self._maintenance.wait()
 
     # ------------------------------------------------------------ queries
     def query(self, query: str, name: str | None = None, inputs: Sequence[Any] = (), join: str = "auto",
@@ -441,6 +449,12 @@ class Engine:
         """
         sinks, seconds = sinks_of(sink), window_seconds(granularity)
         check_slack(slack, f"query {name or '(unnamed)'}")
+        handle = self._query(query, name, inputs, join, semantics, sinks, seconds, durable, introspect, slack)
+        self._maintenance.run()
+        return handle
+
+    def _query(self, query: str, name: str | None, inputs: Sequence[Any], join: str, semantics: str,
+               sinks: Sequence[Sink], seconds: float | None, durable: bool, introspect: bool, slack: int) -> Query:
         with self._lock:
             self._check_open()
             if not durable:
@@ -503,6 +517,7 @@ class Engine:
             handle.window = Window(seconds, [col for _, col in dataflow.find],
                                    lambda: self._deliveries.release(handle))
         self._state.queries[handle.name] = handle
+        self._state.defer_maintenance(self._state.epoch, {}, [handle])
         try:
             if handle.pulls and seconds:
                 raise QueryError(f"query {handle.name}: granularity is not supported for pull queries yet")
@@ -601,6 +616,7 @@ class Engine:
         with self._lock:
             if self._closed:
                 return
+            self._maintenance.close()
             if driver_alive(self.spark):
                 for q in list(self._state.queries.values()):
                     self._uninstall(q)  # durable queries stay in the state directory

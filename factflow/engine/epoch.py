@@ -9,14 +9,14 @@ whatever the number of installed queries:
 2. *queries*: the pending state changes and outputs of every affected query are built as
    one union and fetched in one job (or, for bulk changes, checkpointed in Spark).
 3. *maintenance*: traces merge their batches geometrically (amortized) and stored
-   batches write their index files.
+   batches write their index files (:mod:`factflow.engine.maintenance`).
 
 Between the second and the third phase a durable engine logs the epoch's effective
 changes and offsets (``journal``, see :mod:`factflow.engine.durability`); then the epoch commits: the latest closed epoch moves
 to it and its changes are queued for the subscribers (:mod:`factflow.engine.delivery`),
 who receive them once the engine lock is released. Maintenance never delays results: it
-runs after the delivery (:func:`run_maintenance`, which ``transact`` calls before it
-returns, so it lags at most the epochs of concurrent writers), in a job group of its own.
+starts after the delivery, and what of it needs Spark runs in the background while the
+next epoch computes (see :mod:`factflow.engine.maintenance`), in a job group of its own.
 
 Every job runs in the job group ``factflow-<engine>-epoch-<n>`` with a description naming
 its phase, so the Spark UI tells which epoch and which query ran what. If anything fails
@@ -46,7 +46,7 @@ from factflow.engine.query import Query
 from factflow.engine.state import EngineState
 from factflow.errors import ExecutionError, FactflowError, TransactionError
 
-__all__ = ["run_epoch", "run_maintenance"]
+__all__ = ["run_epoch"]
 
 log = logging.getLogger("factflow.engine")
 
@@ -127,32 +127,6 @@ def run_epoch(state: EngineState, tx: Any, group_prefix: str, epoch_log: list[Ep
     if log.isEnabledFor(logging.INFO):
         log.info(report.describe())
     return epoch
-
-
-def run_maintenance(state: EngineState, group_prefix: str, epoch_log: list[EpochReport]) -> None:
-    """Merge what the epochs since the last call appended (see :meth:`EngineState.maintain`),
-    in the job group ``<group_prefix>-<epoch>``; its time and merges go into the report of
-    the latest of those epochs (``phases["maintenance"]``, ``merges``, ``maintenance_jobs``).
-
-    A failure is logged, not raised: the epochs are committed, and failing the call would
-    invite a second, duplicate epoch; the next call merges again.
-    """
-    if not state.unmaintained:
-        return
-    epoch = state.unmaintained[-1][0]
-    group = f"{group_prefix}-{epoch}"
-    state.spark.sparkContext.setJobGroup(group, f"factflow maintenance after epoch {epoch}", interruptOnCancel=False)
-    mark = time.perf_counter()
-    try:
-        _, merges = state.maintain()
-    except Exception:
-        log.exception("merging the batches of epochs up to %d failed (the next epoch merges again)", epoch)
-        merges = 0
-    report = next((r for r in reversed(epoch_log) if r.epoch == epoch), None)
-    if report is not None:
-        report.phases["maintenance"] = time.perf_counter() - mark
-        report.merges = merges
-        report.maintenance_jobs = spark_jobs(state.spark, group)
 
 
 def _first_line(exc: BaseException) -> str:

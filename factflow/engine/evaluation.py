@@ -3,7 +3,7 @@
 Every stateful operator has pending rows to append to its trace; the result operators'
 pending rows are also what subscribers receive. They are computed in *rounds*: all that
 can be computed together goes into one Spark statement per round, and only a
-:class:`Distinct` of a bulk epoch or an install is split over two rounds, so that its
+:class:`Distinct` of a bulk epoch is split over two rounds, so that its
 consolidated input change ``d`` is materialized once instead of being computed twice
 (once to find the keys whose old counts it needs, once to combine with them); in a small
 epoch the old counts are probed by ``d``'s keys in the same pass (see
@@ -110,8 +110,10 @@ class Evaluation:
         return [steps for steps in schedule if steps]
 
     def _split(self, node: Stateful) -> bool:
+        """Whether ``node`` is a Distinct of a bulk epoch (an install's old state is empty,
+        so its input change is read once without a split)."""
         cx = self.cx
-        return isinstance(node, Distinct) and (cx.install or not cx.small)
+        return isinstance(node, Distinct) and not cx.small and not cx.install
 
     def run(self, nodes: list[Node], subscribed: set, description: str) -> dict[Stateful, pd.DataFrame]:
         """Compute, commit and return the pending rows of ``nodes`` (outputs of result operators)."""

@@ -28,7 +28,8 @@ def install(state: EngineState, plan: Plan, name: str, group_prefix: str) -> Dat
     state as of ``state.epoch``, with jobs in the group ``<group_prefix>-<name>``.
 
     Returns the dataflow, its handles advanced to the epoch and its shared rules committed;
-    registering the query is the caller's. A QueryError, allocating nothing, for a plan
+    registering the query, and the maintenance of the traces it filled (merges, index
+    files: see :mod:`factflow.engine.maintenance`), are the caller's. A QueryError, allocating nothing, for a plan
     installed already or one whose shared rules the registry no longer matches (plan again).
     """
     if plan.result.writer is not None:
@@ -48,9 +49,7 @@ def install(state: EngineState, plan: Plan, name: str, group_prefix: str) -> Dat
         for entry in reused:
             entry.present_as_installed(cx)
         state.evaluate([dataflow], cx, subscribed=set(), settled=[n for e in reused for n in e.stateful()])
-        handles, traces = state.held_by([dataflow])
-        for trace in traces:
-            trace.maintain()
+        handles = state.held_by([dataflow])[0]
     except BaseException:
         allocation.release()
         raise

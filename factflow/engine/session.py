@@ -45,6 +45,8 @@ REQUIRED_SQL_CONF = {
     "spark.sql.constraintPropagation.enabled": "false",
 }
 
+_POOLS = Path(__file__).resolve().with_name("fairscheduler.xml")
+
 #: Settings for an engine-owned session: small shuffles, Arrow transfers, UTC, no UI, and
 #: a driver GC every minute: Spark frees the broadcasts and local relations of finished
 #: statements only once the JVM has collected them, and a recursive epoch issues hundreds
@@ -54,7 +56,9 @@ REQUIRED_SQL_CONF = {
 #: Spark fails the job, and the engine keeps the rows in Spark instead. Spark checks this
 #: once a task's result has arrived, so it cannot stop one task result larger than the
 #: heap; the engine bounds its fetches in rows for that (``EngineConfig.fetch_limit``, see
-#: :mod:`factflow.engine.evaluation`).
+#: :mod:`factflow.engine.evaluation`). Jobs are scheduled FAIR between two pools, so that
+#: an epoch's tasks take free task slots before those of background merges
+#: (``fairscheduler.xml``, :mod:`factflow.engine.maintenance`).
 DEFAULT_SPARK_CONF = {
     "spark.ui.enabled": "false",
     "spark.driver.maxResultSize": "512m",
@@ -68,6 +72,8 @@ DEFAULT_SPARK_CONF = {
     "spark.driver.memory": "2g",
     "spark.cleaner.periodicGC.interval": "1min",
     "spark.sql.autoBroadcastJoinThreshold": str(32 * 1024 * 1024),
+    "spark.scheduler.mode": "FAIR",
+    "spark.scheduler.allocation.file": str(_POOLS),
     **REQUIRED_SQL_CONF,
 }
 

@@ -8,7 +8,7 @@ latest closed epoch. An epoch first appends its changes past that epoch (see
 * it commits: :meth:`EngineState.advance` moves every reader's handle to the new epoch
   (or, for a slack, to an earlier one: see :mod:`factflow.engine.history`), allowing
   compaction, and :meth:`EngineState.maintain` merges the batches of what
-  changed; or
+  changed (see :mod:`factflow.engine.maintenance`); or
 * it fails: :meth:`EngineState.rollback` truncates every trace back to the closed epoch,
   so no partial epoch is ever visible.
 """
@@ -22,7 +22,7 @@ import pandas as pd
 from pyspark.sql import SparkSession
 
 from factflow.arrangement.attribute import AttributeArrangement
-from factflow.arrangement.trace import MergePolicy, Trace, TraceHandle
+from factflow.arrangement.trace import MergePolicy, StoredMerge, Trace, TraceHandle
 from factflow.dataflow.context import EpochContext
 from factflow.dataflow.nodes import Node, Stateful
 from factflow.engine.apply import small_statements
@@ -156,30 +156,30 @@ class EngineState:
                 h.advance(self.history.frontier(q.slack) if h is result else epoch)
 
     def defer_maintenance(self, epoch: int, changed: dict[int, int], affected: Sequence[Query]) -> None:
-        """Record the traces ``epoch`` appended to, for :meth:`maintain` to merge after delivery."""
+        """Record the traces ``epoch`` appended to (the attributes ``changed`` and the queries
+        ``affected``, or a query just installed), for :meth:`maintain` to merge after delivery."""
         self.unmaintained.append((epoch, set(changed), list(affected)))
 
-    def maintain(self) -> tuple[list[int], int]:
-        """Merge the batches of the arrangements and query traces that epochs since the last
-        call appended to (and write the index files of new stored batches); returns those
-        epochs and the number of merges."""
+    def maintain(self) -> tuple[int, list[StoredMerge]]:
+        """Merge the local batches of the arrangements and query traces that epochs and
+        installs since the last call appended to; returns the merges done and the merges
+        left that need Spark (stored batches, index files), for the caller to run (see
+        :mod:`factflow.engine.maintenance`)."""
         pending, self.unmaintained = self.unmaintained, []
         if not pending:
-            return [], 0
-        epochs = [epoch for epoch, _, _ in pending]
+            return 0, []
         changed = set().union(*(aids for _, aids, _ in pending))
         queries = {id(q): q for _, _, qs in pending for q in qs if self.queries.get(q.name) is q}
-        merges = 0
-        sc = self.spark.sparkContext
-        for aid in sorted(changed):
-            arrangement = self.arrangements.get(aid)
-            if arrangement is not None:
-                sc.setJobDescription(f"epochs {epochs[0]}-{epochs[-1]}: merge {arrangement.attribute.name}")
-                merges += arrangement.maintain()
-        for trace in self.held_by([q.dataflow for q in queries.values()])[1]:
-            sc.setJobDescription(f"epochs {epochs[0]}-{epochs[-1]}: merge {trace.name}")
-            merges += trace.maintain()
-        return epochs, merges
+        traces = [t for aid in sorted(changed) if aid in self.arrangements
+                  for t in self.arrangements[aid].traces.values()]
+        traces += self.held_by([q.dataflow for q in queries.values()])[1]
+        merges, stored = 0, []
+        for trace in traces:
+            merges += trace.merge_local()
+            later = trace.stored_merge()
+            if later is not None:
+                stored.append(later)
+        return merges, stored
 
     def rollback(self, epoch: int) -> None:
         """Undo the failed ``epoch``: drop every batch appended for it."""

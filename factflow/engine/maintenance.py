@@ -1,0 +1,144 @@
+"""Maintenance after delivery: merging the batches epochs and installs appended.
+
+Once an epoch's results are delivered (or a query installed), the traces it appended to
+merge their batches (see :mod:`factflow.arrangement.trace`). Merging trailing batches that
+live on the driver is cheap and happens at once, under the engine lock. What needs Spark
+(merges that write a stored batch, and the index files of stored batches) runs in the
+background, on a snapshot of the batches, while the next epoch computes; it takes the
+engine lock only to swap its result in. So neither delays results, and a caller who
+transacts back to back does not wait for merges its epoch does not need.
+
+The lag is bounded: one background round runs at a time, and the next maintenance (after
+the next epoch or install) first waits for it. An epoch that meanwhile needs an index file
+a round has not written yet writes it itself (a stored batch is indexed once, by whichever
+thread asks first). On a session factflow started, the background's Spark jobs run in a
+scheduler pool of their own (``factflow-maintenance``) so that an epoch's tasks need not
+queue behind a merge's. A failing merge is logged and changes nothing: the batches stay as
+they were and the next round merges them.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from factflow.arrangement.trace import StoredMerge
+from factflow.engine.reports import EpochReport, spark_jobs
+
+if TYPE_CHECKING:  # pragma: no cover
+    from factflow.engine.state import EngineState
+
+__all__ = ["Maintenance", "POOL"]
+
+log = logging.getLogger("factflow.engine")
+
+#: the Spark scheduler pool of background merges (used when the session schedules FAIR)
+POOL = "factflow-maintenance"
+
+
+class Maintenance:
+    """One engine's maintenance: :meth:`run` after each command that appended to traces."""
+
+    def __init__(self, state: "EngineState", lock: threading.RLock, group_prefix: str,
+                 epoch_log: list[EpochReport]):
+        self._state = state
+        self._lock = lock
+        self._group_prefix = group_prefix
+        self._epoch_log = epoch_log
+        self._round: threading.Thread | None = None
+        self._closing = False
+
+    def run(self) -> None:
+        """Wait for the previous background round, then merge local batches (under the engine
+        lock) and start the merges that need Spark in the background. Call it without
+        holding the engine lock. Its time, merges and Spark jobs go into the report of the
+        latest epoch it covers (``phases["maintenance"]`` for the part under the lock,
+        ``phases["background merges"]`` for the rest)."""
+        self.wait()
+        with self._lock:
+            state = self._state
+            if self._closing or not state.unmaintained:
+                return
+            epoch = state.unmaintained[-1][0]
+            group = f"{self._group_prefix}-{epoch}"
+            state.spark.sparkContext.setJobGroup(group, f"factflow maintenance after epoch {epoch}",
+                                                 interruptOnCancel=False)
+            mark = time.perf_counter()
+            try:
+                merges, stored = state.maintain()
+            except Exception:
+                log.exception("merging the batches of epochs up to %d failed (the next epoch merges again)", epoch)
+                merges, stored = 0, []
+            report = self._report(epoch)
+            if report is not None:
+                report.phases["maintenance"] = time.perf_counter() - mark
+                report.merges = merges
+                report.maintenance_jobs = spark_jobs(state.spark, group)
+            if stored:
+                self._round = threading.Thread(target=self._background, args=(stored, epoch, group),
+                                               name=f"{self._group_prefix}-{epoch}", daemon=True)
+                self._round.start()
+
+    def wait(self) -> None:
+        """Wait until the background round (if any) is done. Not under the engine lock."""
+        current = self._round
+        if current is not None and current is not threading.current_thread():
+            current.join()
+
+    def close(self) -> None:
+        """Stop: a running round throws its result away (callable under the engine lock)."""
+        self._closing = True
+        self.wait()
+
+    def _report(self, epoch: int) -> EpochReport | None:
+        return next((r for r in reversed(self._epoch_log) if r.epoch == epoch), None)
+
+    def _background(self, stored: list[StoredMerge], epoch: int, group: str) -> None:
+        sc = self._state.spark.sparkContext
+        mark = time.perf_counter()
+        pending, done = list(stored), []
+        try:
+            sc.setJobGroup(group, f"factflow maintenance after epoch {epoch} (background)", interruptOnCancel=False)
+            sc.setLocalProperty("spark.scheduler.pool", POOL)
+            while pending and not self._closing:
+                each = pending.pop(0)
+                try:
+                    each.run()
+                    done.append(each)
+                except Exception:
+                    log.exception("merging %s after epoch %d failed (the next round merges again)", each.trace.name,
+                                  epoch)
+                    each.abandon()
+        finally:
+            for each in pending:
+                each.abandon()
+            self._commit(done, epoch, group, time.perf_counter() - mark)
+
+    def _commit(self, done: list[StoredMerge], epoch: int, group: str, seconds: float) -> None:
+        """Swap the round's merges in under the engine lock (or abandon them if the engine closes)."""
+        while not self._lock.acquire(timeout=0.05):
+            if self._closing:
+                for each in done:
+                    each.abandon()
+                return
+        try:
+            if self._closing:
+                for each in done:
+                    each.abandon()
+                return
+            merges = 0
+            for each in done:
+                try:
+                    merges += each.commit()
+                except Exception:
+                    log.exception("swapping in the merges of %s failed", each.trace.name)
+                    each.abandon()
+            report = self._report(epoch)
+            if report is not None:
+                report.phases["background merges"] = seconds
+                report.merges += merges
+                report.maintenance_jobs = spark_jobs(self._state.spark, group)
+        finally:
+            self._lock.release()

@@ -72,3 +72,26 @@ def test_the_last_engine_stops_the_session_factflow_started():
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+
+
+def test_small_statements_keep_the_sessions_excluded_optimizer_rules(spark):
+    """The engine's settings for small statements add to the rules a session excludes, and
+    every setting is put back afterwards."""
+    from factflow.engine.apply import small_statements
+    from factflow.engine.config import EngineConfig
+
+    key = "spark.sql.optimizer.excludedRules"
+    mine = "org.apache.spark.sql.catalyst.optimizer.ConvertToLocalRelation"
+    before = spark.conf.get(key, None)
+    spark.conf.set(key, mine)
+    try:
+        with small_statements(spark, EngineConfig().small_conf):
+            inside = spark.conf.get(key).split(",")
+            assert spark.conf.get("spark.sql.shuffle.partitions") == "1"
+        assert inside[0] == mine and len(inside) == 3 and len(set(inside)) == 3
+        assert spark.conf.get(key) == mine
+    finally:
+        if before is None:
+            spark.conf.unset(key)
+        else:
+            spark.conf.set(key, before)

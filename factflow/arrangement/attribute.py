@@ -120,10 +120,10 @@ class AttributeArrangement:
             full = self.spark.sql(f"SELECT `e`, `v`, {as_of}L AS `{TIME}`, `{DIFF}` FROM {forward.read(as_of)}")
             rows = self._face_rows_frame(face, full)
             layout = self._layouts[face]
-            consolidated = (rows.groupBy(*layout.names, TIME).agg(F.sum(DIFF).alias(DIFF))
+            consolidated = (trace.by_key(rows).groupBy(*layout.names, TIME).agg(F.sum(DIFF).alias(DIFF))
                             .where(F.col(DIFF) != 0).select(*layout.all_names))
             self.spark.sparkContext.setJobDescription(f"build {trace.name}")
-            batch = trace.materialize(consolidated, 0, forward.upper)
+            batch = trace.materialize(consolidated, 0, forward.upper, by_key=True)
             if batch.rows:
                 trace.batches.append(batch)
                 if self.policy.directory is not None:

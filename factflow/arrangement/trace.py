@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from factflow.arrangement.batch import DIFF, TIME, Batch, Layout, checkpoint, release_checkpoint
 from factflow.errors import FactflowError
@@ -365,27 +366,35 @@ class Trace:
             frame = frame.groupby(names + [TIME], sort=False, dropna=False, as_index=False)[DIFF].sum()
             frame = frame[frame[DIFF] != 0]
             return Batch.from_pandas(self.spark, self.layout, frame, lower, upper), frontier
-        cols = ", ".join(f"`{n}`" for n in names)
-        union = " UNION ALL ".join(f"SELECT * FROM {p.source}" for p in parts if p.rows)
-        sql = (f"SELECT {cols}, greatest(`_t`, {frontier}L) AS `_t`, SUM(`_diff`) AS `_diff` "
-               f"FROM ({union}) GROUP BY {cols}, greatest(`_t`, {frontier}L) HAVING SUM(`_diff`) <> 0")
+        union = self.spark.sql(" UNION ALL ".join(f"SELECT * FROM {p.source}" for p in parts if p.rows))
+        summed = (self.by_key(union).selectExpr(*[f"`{n}`" for n in names], f"greatest(`_t`, {frontier}L) AS `_t`",
+                                                "`_diff`")
+                  .groupBy(*names, TIME).agg(F.sum(DIFF).alias(DIFF)).where(F.col(DIFF) != 0))
         self.spark.sparkContext.setJobDescription(f"merge {self.name} [{lower}, {upper})")
-        return self.materialize(self.spark.sql(sql), lower, upper), frontier
+        return self.materialize(summed.select(*self.layout.all_names), lower, upper, by_key=True), frontier
 
-    def materialize(self, frame: DataFrame, lower: int, upper: int) -> Batch:
+    def materialize(self, frame: DataFrame, lower: int, upper: int, by_key: bool = False) -> Batch:
         """A batch of ``frame`` (the full layout, with ``_t``): checkpointed, partitioned by
-        the key and counted, or moved to the driver when it is small."""
-        stored, rows = checkpoint(self.organize(frame))
+        the key and counted, or moved to the driver when it is small. ``by_key``: ``frame``
+        is partitioned by the key already (it consolidates the output of :meth:`by_key`),
+        so it is only sorted, not shuffled again."""
+        stored, rows = checkpoint(self.organize(frame, shuffle=not by_key))
         if rows > self.policy.local_limit:
             return Batch.from_checkpoint(stored, rows, lower, upper)
         local = stored.toArrow().to_pandas()
         release_checkpoint(stored)
         return Batch.from_pandas(self.spark, self.layout, local, lower, upper)
 
-    def organize(self, frame: DataFrame) -> DataFrame:
-        """``frame`` partitioned by the key and sorted within partitions, as stored batches are."""
+    def by_key(self, frame: DataFrame) -> DataFrame:
+        """``frame`` hash-partitioned by the key as stored batches are; grouping it by columns
+        that include the key keeps that partitioning (one shuffle for a merge, not two)."""
+        return frame.repartition(self.policy.partitions, *self.layout.index_key)
+
+    def organize(self, frame: DataFrame, shuffle: bool = True) -> DataFrame:
+        """``frame`` partitioned by the key and sorted within partitions, as stored batches
+        are (``shuffle=False``: partitioned already, see :meth:`by_key`)."""
         key = list(self.layout.index_key)
-        return frame.repartition(self.policy.partitions, *key).sortWithinPartitions(*key)
+        return (self.by_key(frame) if shuffle else frame).sortWithinPartitions(*key)
 
     def __repr__(self) -> str:
         return f"Trace({self.name}, upper={self.upper}, since={self.since}, batches={self.batches})"

@@ -85,12 +85,18 @@ def _current_state(cx: EpochContext, handle: TraceHandle, tx_view: str, attribut
     return f"(SELECT `e`, `v`, `{TRACE_DIFF}` AS `{DIFF}` FROM {probed})"
 
 
+_EXCLUDED_RULES = "spark.sql.optimizer.excludedRules"
+
+
 @contextmanager
 def small_statements(spark: SparkSession, settings: tuple[tuple[str, str], ...]) -> Iterator[None]:
-    """Plan the statements inside with the SQL ``settings`` (``EngineConfig.small_conf``), restored afterwards."""
+    """Plan the statements inside with the SQL ``settings`` (``EngineConfig.small_conf``),
+    restored afterwards. Optimizer rules the session excludes already stay excluded."""
     conf = spark.conf
     saved = [(key, conf.get(key, None)) for key, _ in settings]
-    for key, value in settings:
+    for (key, value), (_, before) in zip(settings, saved):
+        if key == _EXCLUDED_RULES and before:
+            value = ",".join(dict.fromkeys([*before.split(","), *value.split(",")]))
         conf.set(key, value)
     try:
         yield

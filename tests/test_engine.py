@@ -128,9 +128,10 @@ def test_maintenance_runs_after_delivery(people):
     assert not people._state.unmaintained and "maintenance" in people.epoch_log[-1].phases
 
 
-def test_merges_that_need_spark_run_in_the_background(spark, monkeypatch):
-    """Stored merges run while the next epoch computes: the second epoch is delivered while
-    the first epoch's merge is still running; every result is right, and the merges land."""
+def test_merges_may_overlap_the_next_epoch(spark, monkeypatch):
+    """With ``overlap_merges``, stored merges run while the next epoch computes: an epoch is
+    delivered while an earlier epoch's merge is still running; every result is right, and
+    the merges land."""
     import threading
 
     from factflow import Engine, EngineConfig
@@ -145,7 +146,7 @@ def test_merges_that_need_spark_run_in_the_background(spark, monkeypatch):
         original(self)
 
     monkeypatch.setattr(StoredMerge, "run", slow_run)
-    db = Engine(spark=spark, config=EngineConfig(local_limit=2))
+    db = Engine(spark=spark, config=EngineConfig(local_limit=2, overlap_merges=True))
     try:
         db.create_attribute(":e", type="ref")
         q = db.query("[:find ?a ?c :where [?a :e ?b] [?b :e ?c]]")
@@ -175,6 +176,40 @@ def test_merges_that_need_spark_run_in_the_background(spark, monkeypatch):
                    for b in tr.batches)
     finally:
         release.set()
+        db.close()
+
+
+def test_by_default_merges_run_between_epochs(spark, monkeypatch):
+    """By default ``transact`` returns before its stored merges are done, and the next epoch
+    waits for them before it starts: no epoch runs beside a merge."""
+    import threading
+    import time
+
+    from factflow import Engine, EngineConfig
+    from factflow.arrangement.trace import StoredMerge
+
+    active, overlaps, rounds = threading.Event(), [], []
+    original = StoredMerge.run
+
+    def slow_run(self):
+        active.set()
+        time.sleep(0.3)
+        original(self)
+        rounds.append(self.trace.name)
+        active.clear()
+
+    monkeypatch.setattr(StoredMerge, "run", slow_run)
+    db = Engine(spark=spark, config=EngineConfig(local_limit=2))
+    try:
+        db.create_attribute(":e", type="ref")
+        q = db.query("[:find ?a ?b :where [?a :e ?b]]")
+        q.subscribe(lambda epoch, changes: overlaps.append(active.is_set()))
+        for k in range(5):
+            db.transact([add(10 * k + i, ":e", i) for i in range(3)])
+        db.wait_for_maintenance()
+        assert rounds and overlaps == [False] * 5
+        assert q.results() == {(10 * k + i, i): 1 for k in range(5) for i in range(3)}
+    finally:
         db.close()
 
 

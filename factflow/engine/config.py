@@ -35,6 +35,14 @@ class EngineConfig:
     than this fraction of the tuples it holds is derived again from scratch instead (see
     :meth:`factflow.dataflow.recursion.Fixpoint.run`).
 
+    ``overlap_merges``: merges that need Spark run in the background after an epoch's
+    delivery (see :mod:`factflow.engine.maintenance`); by default the next epoch or install
+    waits for them before it starts, so they use the time between commands and never
+    compete with an epoch for task slots. ``True`` lets them run beside the next epoch
+    (at most one round behind): on this 2-core machine that cut the triangle benchmark's
+    slow tail but made a 100-change two-hop epoch slower to its results
+    (docs/benchmarks.md, "Maintenance in the background").
+
     Durable engines (``Engine(state_dir=...)``, see :mod:`factflow.engine.durability`):
     a checkpoint is written in the background once ``checkpoint_interval`` epochs (0: only
     when :meth:`factflow.Engine.checkpoint` is called) or ``checkpoint_log_bytes`` bytes of
@@ -56,6 +64,7 @@ class EngineConfig:
     )
     fetch_limit: int = 1_000_000
     recompute_fraction: float = 0.5
+    overlap_merges: bool = False
     checkpoint_interval: int = 1000
     checkpoint_log_bytes: int = 64 << 20
     offset_history: int = 10_000

@@ -26,7 +26,8 @@ nothing else:
 
 A *checkpoint* is every attribute's facts as of an epoch ``E`` (the forward index
 consolidated: each fact once, with its multiplicity), the catalog and the offsets. It
-is taken after an epoch's delivery and maintenance, like merges, once
+is taken after an epoch's delivery and the start of its maintenance (see
+:mod:`factflow.engine.maintenance`), once
 ``EngineConfig.checkpoint_interval`` epochs or ``checkpoint_log_bytes`` of log have
 accumulated: under the engine lock the log moves to a new segment and the forward
 batches as of ``E`` are pinned (:meth:`factflow.arrangement.batch.Batch.pin`: merges may

@@ -396,6 +396,7 @@ class Engine:
 
     def _committing(self, commit):
         """Run ``commit`` (epochs) under the engine lock, then deliver and maintain outside it."""
+        self._before_command()
         try:
             with self._lock:
                 self._check_open()
@@ -412,6 +413,12 @@ class Engine:
             if not self._closed and self._durability is not None:
                 self._durability.maybe_checkpoint()
         return result
+
+    def _before_command(self) -> None:
+        """Unless merges may overlap epochs (``EngineConfig.overlap_merges``), wait for the
+        background merges of the previous command before starting the next."""
+        if not self.config.overlap_merges:
+            self._maintenance.wait()
 
     def wait_for_maintenance(self) -> None:
         """Wait until the merges and index files of every committed epoch and install are
@@ -449,6 +456,7 @@ class Engine:
         """
         sinks, seconds = sinks_of(sink), window_seconds(granularity)
         check_slack(slack, f"query {name or '(unnamed)'}")
+        self._before_command()
         handle = self._query(query, name, inputs, join, semantics, sinks, seconds, durable, introspect, slack)
         self._maintenance.run()
         return handle

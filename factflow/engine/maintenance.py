@@ -3,18 +3,22 @@
 Once an epoch's results are delivered (or a query installed), the traces it appended to
 merge their batches (see :mod:`factflow.arrangement.trace`). Merging trailing batches that
 live on the driver is cheap and happens at once, under the engine lock. What needs Spark
-(merges that write a stored batch, and the index files of stored batches) runs in the
-background, on a snapshot of the batches, while the next epoch computes; it takes the
-engine lock only to swap its result in. So neither delays results, and a caller who
-transacts back to back does not wait for merges its epoch does not need.
+(merges that write a stored batch, and the index files of stored batches) runs in a
+background thread, on a snapshot of the batches, and takes the engine lock only to swap
+its result in. So ``transact`` returns as soon as the epoch is delivered, and merges use
+the time until the next command.
 
-The lag is bounded: one background round runs at a time, and the next maintenance (after
-the next epoch or install) first waits for it. An epoch that meanwhile needs an index file
-a round has not written yet writes it itself (a stored batch is indexed once, by whichever
-thread asks first). On a session factflow started, the background's Spark jobs run in a
-scheduler pool of their own (``factflow-maintenance``) so that an epoch's tasks need not
-queue behind a merge's. A failing merge is logged and changes nothing: the batches stay as
-they were and the next round merges them.
+By default the next epoch or install waits for that round before it starts
+(``EngineConfig.overlap_merges=False``), so merges never compete with an epoch for task
+slots. With ``overlap_merges=True`` a round runs beside the next epoch, and the lag is
+bounded instead: one round runs at a time, and the maintenance after the next epoch
+first waits for it (with writers in several threads, one that finds a round running
+leaves its merges to the next call). An epoch that needs an index file a round has not
+written yet writes it itself (a stored batch is indexed once, by whichever thread asks
+first). On a session factflow started, the background's Spark jobs run in a scheduler
+pool of their own (``factflow-maintenance``) that gives an epoch's tasks the free task
+slots first. A failing merge is logged and changes nothing: the batches stay as they were
+and the next round merges them.
 """
 
 from __future__ import annotations
@@ -59,8 +63,8 @@ class Maintenance:
         self.wait()
         with self._lock:
             state = self._state
-            if self._closing or not state.unmaintained:
-                return
+            if self._closing or not state.unmaintained or self._busy():
+                return  # a round another writer started is still running: the next call merges
             epoch = state.unmaintained[-1][0]
             group = f"{self._group_prefix}-{epoch}"
             state.spark.sparkContext.setJobGroup(group, f"factflow maintenance after epoch {epoch}",
@@ -86,6 +90,9 @@ class Maintenance:
         current = self._round
         if current is not None and current is not threading.current_thread():
             current.join()
+
+    def _busy(self) -> bool:
+        return self._round is not None and self._round.is_alive()
 
     def close(self) -> None:
         """Stop: a running round throws its result away (callable under the engine lock)."""

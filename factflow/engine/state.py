@@ -174,11 +174,16 @@ class EngineState:
                   for t in self.arrangements[aid].traces.values()]
         traces += self.held_by([q.dataflow for q in queries.values()])[1]
         merges, stored = 0, []
-        for trace in traces:
-            merges += trace.merge_local()
-            later = trace.stored_merge()
-            if later is not None:
-                stored.append(later)
+        try:
+            for trace in traces:
+                merges += trace.merge_local()
+                later = trace.stored_merge()
+                if later is not None:
+                    stored.append(later)
+        except BaseException:
+            for later in stored:  # unpin their snapshots
+                later.abandon()
+            raise
         return merges, stored
 
     def rollback(self, epoch: int) -> None:

@@ -303,12 +303,7 @@ class Trace:
         extra batch would cost Spark a scan task on each read); returns the merges done."""
         done = 0
         while len(self.batches) >= 2 and self._fits_locally(self.batches[-2], self.batches[-1]):
-            older, newer = self.batches[-2], self.batches[-1]
-            merged, since = self._consolidate([older, newer], older.lower, newer.upper)
-            older.release()
-            newer.release()
-            self.since = max(self.since, since)
-            self.batches[-2:] = [merged] if merged.rows else []
+            self._merge_last_two()
             done += 1
         self.merges += done
         return done
@@ -332,12 +327,7 @@ class Trace:
     def compact(self) -> None:
         """Merge every batch into one, compacting to the current frontier."""
         while len(self.batches) >= 2:
-            older, newer = self.batches[-2], self.batches[-1]
-            merged, since = self._consolidate([older, newer], older.lower, newer.upper)
-            older.release()
-            newer.release()
-            self.since = max(self.since, since)
-            self.batches[-2:] = [merged] if merged.rows else []
+            self._merge_last_two()
         if len(self.batches) == 1 and self.frontier() > self.since:
             only = self.batches[0]
             merged, since = self._consolidate([only], only.lower, only.upper)
@@ -354,6 +344,15 @@ class Trace:
             h.release()
 
     # ------------------------------------------------------------ internals
+    def _merge_last_two(self) -> None:
+        """Replace the two newest batches by their merge, at once (the caller holds the lock)."""
+        older, newer = self.batches[-2], self.batches[-1]
+        merged, since = self._consolidate([older, newer], older.lower, newer.upper)
+        older.release()
+        newer.release()
+        self.since = max(self.since, since)
+        self.batches[-2:] = [merged] if merged.rows else []
+
     def _consolidate(self, parts: list[Batch], lower: int, upper: int) -> tuple[Batch, int]:
         """One batch of ``parts``' updates with times compacted to the frontier (the parts
         stay as they are); returns it and the frontier it compacted to (the caller's to

@@ -7,7 +7,9 @@ earlier epoch; the trace's compaction frontier is the least frontier of its live
 
 Maintenance merges adjacent batches geometrically (a batch is merged into its older
 neighbour while that neighbour is at most ``factor`` times larger), the way an LSM tree or
-a merge sort would, so a trace holds logarithmically many batches. It comes in two parts:
+a merge sort would, so a trace holds logarithmically many batches. The batches a chain of
+such merges would reach are merged in one pass (:meth:`Trace.merge_due`): each row is read
+and written once, not once per step of the chain. Maintenance comes in two parts:
 :meth:`Trace.merge_local` merges trailing driver-side batches at once (no Spark), and
 :meth:`Trace.stored_merge` hands what needs Spark (merges that make or read stored batches,
 index files) to a :class:`StoredMerge`, which computes them from a pinned snapshot of the
@@ -299,41 +301,48 @@ class Trace:
         return done
 
     def merge_local(self) -> int:
-        """Merge trailing local batches into one while they fit on the driver (cheap, and every
-        extra batch would cost Spark a scan task on each read); returns the merges done."""
-        done = 0
-        while len(self.batches) >= 2 and self._fits_locally(self.batches[-2], self.batches[-1]):
-            self._merge_last_two()
-            done += 1
-        self.merges += done
-        return done
+        """Merge the trailing local batches whose rows together fit on the driver into one
+        (cheap, and every extra batch would cost Spark a scan task on each read); returns the
+        batches merged away."""
+        count, rows = 0, 0
+        for b in reversed(self.batches):
+            if not b.is_local or rows + b.rows > self.policy.local_limit:
+                break
+            count, rows = count + 1, rows + b.rows
+        if count < 2:
+            return 0
+        self._merge_last(count)
+        self.merges += count - 1
+        return count - 1
 
     def stored_merge(self) -> "StoredMerge | None":
         """The merges left that need Spark (the geometric ones: a batch joins its older
         neighbour while that neighbour is at most ``factor`` times larger) and the index
         files stored batches lack, as a :class:`StoredMerge` of the current batches; None
         when there are none."""
-        due = len(self.batches) >= 2 and self._merge_due(self.batches[-2], self.batches[-1])
+        due = self.merge_due(self.batches) > 0
         unindexed = self.policy.directory is not None and any(
             not b.is_local and b.index is None for b in self.batches)
         return StoredMerge(self) if due or unindexed else None
 
-    def _fits_locally(self, older: Batch, newer: Batch) -> bool:
-        return older.is_local and newer.is_local and older.rows + newer.rows <= self.policy.local_limit
-
-    def _merge_due(self, older: Batch, newer: Batch) -> bool:
-        return self._fits_locally(older, newer) or older.rows <= self.policy.factor * newer.rows
+    def merge_due(self, batches: list[Batch]) -> int:
+        """How many trailing ``batches`` are due to merge into one, in one pass: the newest
+        joins its older neighbour while that neighbour holds at most ``factor`` times as many
+        rows, or both fit on the driver, and the merged batch goes on the same way (0: none)."""
+        if len(batches) < 2:
+            return 0
+        count, rows = 1, batches[-1].rows
+        for older in reversed(batches[:-1]):
+            fits = older.is_local and rows <= self.policy.local_limit and older.rows + rows <= self.policy.local_limit
+            if not fits and older.rows > self.policy.factor * rows:
+                break
+            count, rows = count + 1, rows + older.rows
+        return count if count >= 2 else 0
 
     def compact(self) -> None:
         """Merge every batch into one, compacting to the current frontier."""
-        while len(self.batches) >= 2:
-            self._merge_last_two()
-        if len(self.batches) == 1 and self.frontier() > self.since:
-            only = self.batches[0]
-            merged, since = self._consolidate([only], only.lower, only.upper)
-            only.release()
-            self.since = max(self.since, since)
-            self.batches = [merged] if merged.rows else []
+        if len(self.batches) >= 2 or (self.batches and self.frontier() > self.since):
+            self._merge_last(len(self.batches))
 
     def close(self) -> None:
         """Release every batch and handle."""
@@ -344,14 +353,14 @@ class Trace:
             h.release()
 
     # ------------------------------------------------------------ internals
-    def _merge_last_two(self) -> None:
-        """Replace the two newest batches by their merge, at once (the caller holds the lock)."""
-        older, newer = self.batches[-2], self.batches[-1]
-        merged, since = self._consolidate([older, newer], older.lower, newer.upper)
-        older.release()
-        newer.release()
+    def _merge_last(self, count: int) -> None:
+        """Replace the ``count`` newest batches by their merge, at once (the caller holds the lock)."""
+        parts = self.batches[-count:]
+        merged, since = self._consolidate(parts, parts[0].lower, parts[-1].upper)
+        for b in parts:
+            b.release()
         self.since = max(self.since, since)
-        self.batches[-2:] = [merged] if merged.rows else []
+        self.batches[-count:] = [merged] if merged.rows else []
 
     def _consolidate(self, parts: list[Batch], lower: int, upper: int) -> tuple[Batch, int]:
         """One batch of ``parts``' updates with times compacted to the frontier (the parts
@@ -404,7 +413,7 @@ class StoredMerge:
     batches so that they can run in the background, outside the engine lock.
 
     The snapshot's batches are pinned (a trace closed meanwhile frees them only once this is
-    done). :meth:`run` merges a copy of the snapshot geometrically and writes missing index
+    done). :meth:`run` merges the snapshot's trailing batches that are due and writes missing index
     files; it changes nothing readers see. :meth:`commit`, under the engine lock, puts the
     result in place of the snapshot if the trace still starts with it (epochs since then
     only appended batches after it; rollbacks only drop those), else throws the result
@@ -421,29 +430,25 @@ class StoredMerge:
             b.pin()
 
     def run(self) -> None:
-        """Compute the merges and write index files (Spark jobs; no lock needed)."""
-        trace, batches, mine = self.trace, list(self.snapshot), []
+        """Compute the merge due and write index files (Spark jobs; no lock needed)."""
+        trace, batches = self.trace, list(self.snapshot)
+        count = trace.merge_due(batches)
+        merged = None
         try:
-            while len(batches) >= 2 and trace._merge_due(batches[-2], batches[-1]):
-                older, newer = batches[-2], batches[-1]
-                merged, since = trace._consolidate([older, newer], older.lower, newer.upper)
+            if count:
+                parts = batches[-count:]
+                merged, since = trace._consolidate(parts, parts[0].lower, parts[-1].upper)
                 self.since = max(self.since, since)
-                for b in (older, newer):
-                    if b not in self.snapshot:  # an intermediate result of this run
-                        b.release()
-                        mine.remove(b)
-                batches[-2:] = [merged] if merged.rows else []
-                if merged.rows:
-                    mine.append(merged)
-                else:
-                    merged.release()
-                self.merges += 1
+                batches[-count:] = [merged] if merged.rows else []
+                self.merges = count - 1
             if trace.policy.directory is not None:
                 trace.index_stored(batches)
         except BaseException:
-            for b in mine:
-                b.release()
+            if merged is not None:
+                merged.release()
             raise
+        if merged is not None and not merged.rows:
+            merged.release()
         self.result = batches
 
     def commit(self) -> int:

@@ -40,7 +40,8 @@ from factflow.engine.durability import CheckpointReport, Durability, RecoveryRep
 from factflow.engine import transaction
 from factflow.engine.clock import EventClock, advance, buffer
 from factflow.engine.epoch import run_epoch
-from factflow.engine.maintenance import Maintenance
+from factflow.engine.maintenance import POOL, Maintenance
+from factflow.engine.warmup import warm_python_workers
 from factflow.engine.feeds import AttributeSubscriber
 from factflow.engine.granularity import Window, window_seconds
 from factflow.engine.group import plan_runs
@@ -126,6 +127,7 @@ class Engine:
         self._group = f"factflow-{self._id}-epoch"
         self.epoch_log: list[EpochReport] = []
         self._maintenance = Maintenance(self._state, self._lock, f"factflow-{self._id}-maintenance", self.epoch_log)
+        warm_python_workers(self.spark, POOL)
         self._durability: Durability | None = None
         #: what opening the state directory recovered (None without ``state_dir``)
         self.recovery: RecoveryReport | None = None

@@ -95,3 +95,19 @@ def test_small_statements_keep_the_sessions_excluded_optimizer_rules(spark):
             spark.conf.unset(key)
         else:
             spark.conf.set(key, before)
+
+
+def test_python_workers_are_started_once_per_session(spark, monkeypatch):
+    """An engine starts Spark's Python workers in the background, once per application: a
+    job of its own group that succeeds; later engines do not start it again."""
+    from factflow.engine import warmup
+
+    monkeypatch.setattr(warmup, "_WARMED", set())  # as if no engine had run on this session yet
+    thread = warmup.warm_python_workers(spark)
+    assert thread is not None
+    thread.join(120)
+    assert not thread.is_alive()
+    tracker = spark.sparkContext.statusTracker()
+    jobs = [tracker.getJobInfo(j) for j in tracker.getJobIdsForGroup("factflow-warmup")]
+    assert jobs and all(j.status == "SUCCEEDED" for j in jobs)
+    assert warmup.warm_python_workers(spark) is None

@@ -13,7 +13,9 @@ reported with the epochs it completed.
 Per-node epochs over the whole graph would be 10,670 epochs per variant (hours at Spark's
 fixed cost per epoch on 2 cores), so the default run streams the whole graph in batches
 of 100 nodes and, with ``--window N``, also the first N nodes one per epoch (its count is
-checked against a plain Spark count of the same subgraph). Writes a CCDF plot (PNG).
+checked against a plain Spark count of the same subgraph). Writes a CCDF plot (PNG), and
+every epoch's time to ``benchmarks/results/triangles-epochs.json`` (compare two runs over
+the epochs both completed with ``benchmarks/compare_epochs.py``).
 
     python benchmarks/triangles.py [--batch 100] [--window 200] [--limit 900] [--plot docs/triangles_ccdf.png]
 """
@@ -28,7 +30,7 @@ import sys
 import tempfile
 import time
 
-from common import GRAPHS, ROOT, machine_facts, median, percentile, report, session
+from common import GRAPHS, RESULTS, ROOT, machine_facts, median, percentile, report, session
 
 from pyspark.sql import Window
 from pyspark.sql import functions as F
@@ -189,6 +191,8 @@ def main() -> None:
                for title, rs in results.items()}
     report("triangles", facts, {"batch": args.batch, "window": args.window, "limit_s": args.limit,
                                 "plot": args.plot, "results": summary})
+    with open(os.path.join(RESULTS, "triangles-epochs.json"), "w") as handle:  # for compare_epochs.py
+        json.dump({title: {name: r["times"] for name, r in rs.items()} for title, rs in results.items()}, handle)
 
 
 if __name__ == "__main__":

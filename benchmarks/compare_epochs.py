@@ -27,6 +27,7 @@ def figures(times: list[float]) -> dict[str, float]:
 
 
 def slowest(times: list[float], n: int = 4) -> str:
+    """The ``n`` slowest epochs, with their numbers."""
     return ", ".join(f"{t:.2f} s (epoch {k})" for t, k in sorted(((t, k) for k, t in enumerate(times)),
                                                                  reverse=True)[:n])
 

@@ -30,6 +30,7 @@ import itertools
 import logging
 import os
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import pandas as pd
@@ -304,16 +305,13 @@ class Trace:
         """Merge the trailing local batches whose rows together fit on the driver into one
         (cheap, and every extra batch would cost Spark a scan task on each read); returns the
         batches merged away."""
-        count, rows = 0, 0
-        for b in reversed(self.batches):
-            if not b.is_local or rows + b.rows > self.policy.local_limit:
-                break
-            count, rows = count + 1, rows + b.rows
-        if count < 2:
+        if not self.batches or not self.batches[-1].is_local:
             return 0
-        self._merge_last(count)
-        self.merges += count - 1
-        return count - 1
+        count = self._trailing(self.batches, self._fits_locally)
+        if count:
+            self._merge_last(count)
+            self.merges += count - 1
+        return max(count - 1, 0)
 
     def stored_merge(self) -> "StoredMerge | None":
         """The merges left that need Spark (the geometric ones: a batch joins its older
@@ -329,12 +327,22 @@ class Trace:
         """How many trailing ``batches`` are due to merge into one, in one pass: the newest
         joins its older neighbour while that neighbour holds at most ``factor`` times as many
         rows, or both fit on the driver, and the merged batch goes on the same way (0: none)."""
-        if len(batches) < 2:
+        return self._trailing(batches, lambda older, rows: self._fits_locally(older, rows)
+                              or older.rows <= self.policy.factor * rows)
+
+    def _fits_locally(self, older: Batch, rows: int) -> bool:
+        """Whether ``older`` merged with ``rows`` newer rows (local if they fit) stays on the driver."""
+        return older.is_local and older.rows + rows <= self.policy.local_limit
+
+    @staticmethod
+    def _trailing(batches: list[Batch], joins: Callable[[Batch, int], bool]) -> int:
+        """How many trailing ``batches`` merge into one: the newest, then each older batch
+        while ``joins(older, rows of the newer ones)`` (0 when fewer than two)."""
+        if not batches:
             return 0
         count, rows = 1, batches[-1].rows
         for older in reversed(batches[:-1]):
-            fits = older.is_local and rows <= self.policy.local_limit and older.rows + rows <= self.policy.local_limit
-            if not fits and older.rows > self.policy.factor * rows:
+            if not joins(older, rows):
                 break
             count, rows = count + 1, rows + older.rows
         return count if count >= 2 else 0
@@ -439,16 +447,19 @@ class StoredMerge:
                 parts = batches[-count:]
                 merged, since = trace._consolidate(parts, parts[0].lower, parts[-1].upper)
                 self.since = max(self.since, since)
-                batches[-count:] = [merged] if merged.rows else []
                 self.merges = count - 1
+                del batches[-count:]
+                if merged.rows:
+                    batches.append(merged)
+                else:
+                    merged.release()
+                    merged = None
             if trace.policy.directory is not None:
                 trace.index_stored(batches)
         except BaseException:
             if merged is not None:
                 merged.release()
             raise
-        if merged is not None and not merged.rows:
-            merged.release()
         self.result = batches
 
     def commit(self) -> int:

@@ -150,3 +150,23 @@ def test_a_stored_merge_writes_missing_index_files(spark, tmp_path):
     stored.run()
     assert stored.commit() == 0 and trace.batches[0].index_paths
     assert trace.stored_merge() is None
+
+
+def test_checkpoint_is_one_job_and_cuts_the_lineage(spark):
+    """A stored batch is materialized and counted by one Spark job; afterwards its plan
+    reads stored blocks, not the query that made them."""
+    from factflow.arrangement.batch import checkpoint, release_checkpoint
+
+    sc = spark.sparkContext
+    frame = spark.range(1000).selectExpr("id % 10 AS e", "id AS v").where("v % 3 = 0")
+    sc.setJobGroup("test-checkpoint", "checkpoint")
+    try:
+        stored, rows = checkpoint(frame)
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", None)
+    assert rows == 334
+    assert len(sc.statusTracker().getJobIdsForGroup("test-checkpoint")) == 1
+    rdd = stored._jdf.queryExecution().analyzed().rdd()
+    assert rdd.isCheckpointed()
+    assert stored.where("e = 3").count() == sum(1 for v in range(0, 1000, 3) if v % 10 == 3)
+    release_checkpoint(stored)

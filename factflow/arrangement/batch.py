@@ -115,8 +115,12 @@ def drop_view(spark: SparkSession, name: str) -> None:
 
 
 def checkpoint(frame: DataFrame) -> tuple[DataFrame, int]:
-    """Materialize ``frame`` on the executors with its lineage cut; returns it and its row count."""
-    stored = frame.localCheckpoint(eager=True)
+    """Materialize ``frame`` on the executors with its lineage cut; returns it and its row count.
+
+    One Spark job: the checkpoint is lazy, and the count materializes it (its blocks are
+    stored as the count reads them, and the lineage is cut when the job ends). An eager
+    checkpoint followed by a count runs two jobs over the same rows."""
+    stored = frame.localCheckpoint(eager=False)
     return stored, stored.count()
 
 

@@ -152,20 +152,61 @@ def test_a_stored_merge_writes_missing_index_files(spark, tmp_path):
     assert trace.stored_merge() is None
 
 
+def jobs_in_group(spark, group, run):
+    """The Spark jobs ``run()`` starts, counted through a job group of its own."""
+    sc = spark.sparkContext
+    sc.setJobGroup(group, group)
+    try:
+        run()
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", None)
+    return len(sc.statusTracker().getJobIdsForGroup(group))
+
+
+def test_a_stored_merge_writes_its_batch_and_index_files_in_one_job(spark, tmp_path):
+    """The merged batch is checkpointed, counted and indexed by a single Spark job; its index
+    files hold its rows, sorted by key hash."""
+    import pyarrow as pa
+
+    trace = stored_trace(spark, tmp_path, 3)
+    stored = trace.stored_merge()
+    assert jobs_in_group(spark, "test-merge-index", stored.run) == 1
+    assert stored.commit() == 2
+    merged = trace.batches[0]
+    assert not merged.is_local and merged.rows == 3 and merged.index_paths
+    files = [pa.ipc.open_file(p).read_all() for p in merged.index_paths]
+    assert all((f.column("_h").to_numpy()[1:] >= f.column("_h").to_numpy()[:-1]).all() for f in files)
+    table = pa.concat_tables(files)
+    assert sorted(zip(table.column("e").to_pylist(), table.column("v").to_pylist())) == [
+        (1, "v1"), (2, "v2"), (3, "v3")]
+    assert trace.stored_merge() is None  # nothing left to index
+
+
+def test_a_merge_that_turns_out_small_keeps_no_index_files(spark, tmp_path):
+    """Retractions can consolidate a merge to a batch small enough for the driver: the index
+    files its job wrote are deleted."""
+    trace = make(spark, local_limit=1, factor=2, directory=str(tmp_path))
+    trace.append_pandas(rows((1, "a", 1), (2, "b", 1)), 1)
+    trace.append_pandas(rows((1, "a", -1), (3, "c", 1)), 2)
+    trace.append_pandas(rows((3, "c", -1)), 3)
+    stored = trace.stored_merge()
+    stored.run()
+    assert stored.commit() == 2
+    assert [b.is_local for b in trace.batches] == [True] and trace.batches[0].rows == 1
+    assert accumulate(spark, trace, 3) == {(2, "b"): 1}
+    assert not list(tmp_path.rglob("*.arrow"))
+
+
 def test_checkpoint_is_one_job_and_cuts_the_lineage(spark):
     """A stored batch is materialized and counted by one Spark job; afterwards its plan
     reads stored blocks, not the query that made them."""
     from factflow.arrangement.batch import checkpoint, release_checkpoint
 
-    sc = spark.sparkContext
     frame = spark.range(1000).selectExpr("id % 10 AS e", "id AS v").where("v % 3 = 0")
-    sc.setJobGroup("test-checkpoint", "checkpoint")
-    try:
-        stored, rows = checkpoint(frame)
-    finally:
-        sc.setLocalProperty("spark.jobGroup.id", None)
+    made = []
+    assert jobs_in_group(spark, "test-checkpoint", lambda: made.extend(checkpoint(frame))) == 1
+    stored, rows = made
     assert rows == 334
-    assert len(sc.statusTracker().getJobIdsForGroup("test-checkpoint")) == 1
     rdd = stored._jdf.queryExecution().analyzed().rdd()
     assert rdd.isCheckpointed()
     assert stored.where("e = 3").count() == sum(1 for v in range(0, 1000, 3) if v % 10 == 3)

@@ -124,6 +124,15 @@ def checkpoint(frame: DataFrame) -> tuple[DataFrame, int]:
     return stored, stored.count()
 
 
+def checkpoint_indexed(frame: DataFrame, key: tuple[str, ...], directory: str) -> tuple[DataFrame, int, list[str]]:
+    """:func:`checkpoint` and :func:`~factflow.arrangement.index.write_index` in one Spark
+    job: the index files are written from the rows the job stores. Returns the stored
+    frame, its row count and the paths of its index files."""
+    stored = frame.localCheckpoint(eager=False)
+    paths, rows = write_index(stored, key, directory)
+    return stored, rows, paths
+
+
 def release_checkpoint(frame: DataFrame) -> None:
     """Free the blocks of a frame made by :func:`checkpoint`."""
     frame._jdf.queryExecution().analyzed().rdd().unpersist(False)
@@ -183,7 +192,7 @@ class Batch:
         Spark job)."""
         with self._indexing:
             if self.index is None and self.rows and self.local is None:
-                self.index_paths = write_index(self.frame, key, directory)
+                self.index_paths, _ = write_index(self.frame, key, directory)
                 self.index = directory
 
     @classmethod
@@ -195,9 +204,13 @@ class Batch:
 
     @classmethod
     def from_checkpoint(cls, frame: DataFrame, rows: int, lower: int, upper: int,
-                        stored: DataFrame | None = None) -> "Batch":
-        """A batch over ``frame``, read from ``stored`` (made by :func:`checkpoint`; default ``frame``)."""
-        return cls(lower, upper, rows, frame, stored=frame if stored is None else stored)
+                        stored: DataFrame | None = None, index: tuple[str, list[str]] | None = None) -> "Batch":
+        """A batch over ``frame``, read from ``stored`` (made by :func:`checkpoint`; default
+        ``frame``); ``index``: the directory and paths of its index files, if written already."""
+        batch = cls(lower, upper, rows, frame, stored=frame if stored is None else stored)
+        if index is not None:
+            batch.index, batch.index_paths = index
+        return batch
 
     def pin(self) -> None:
         """Keep the batch's rows readable (``local``, ``frame``) until :meth:`unpin`, even if

@@ -78,16 +78,17 @@ def hash_sql(columns: Sequence[str]) -> str:
 
 # ------------------------------------------------------------------ writing
 
-def write_index(frame: DataFrame, key: Sequence[str], directory: str) -> list[str]:
+def write_index(frame: DataFrame, key: Sequence[str], directory: str) -> tuple[list[str], int]:
     """Write ``frame`` (a stored batch) as sorted index files under ``directory``, one Spark
-    job; returns the paths of the files written (partitions without rows write none).
+    job; returns the paths of the files written (partitions without rows write none) and
+    the rows they hold.
 
     Each task sorts its rows by ``_h`` itself (numpy): a Spark sort before the hand-over
     to Python cost more than the rest of the job's work on a partition."""
     os.makedirs(directory, exist_ok=True)
     hashed = frame.selectExpr("*", f"{hash_sql(key)} AS `{KEY_HASH}`")
     written = hashed.mapInArrow(_IndexWriter(directory), "path STRING, rows BIGINT").collect()
-    return sorted(r["path"] for r in written if r["rows"])
+    return sorted(r["path"] for r in written if r["rows"]), sum(r["rows"] for r in written)
 
 
 class _IndexWriter:

@@ -38,7 +38,8 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from factflow.arrangement.batch import DIFF, TIME, Batch, Layout, checkpoint, release_checkpoint
+from factflow.arrangement.batch import DIFF, TIME, Batch, Layout, checkpoint, checkpoint_indexed, release_checkpoint
+from factflow.arrangement.index import remove_index
 from factflow.errors import FactflowError
 from factflow.model.types import sql_type
 
@@ -214,9 +215,12 @@ class Trace:
         Spark job each; a batch being indexed by another thread is waited for)."""
         for b in self.batches if batches is None else batches:
             if not b.is_local and b.index is None:
-                directory = os.path.join(self.policy.directory, f"trace-{self._id}", f"batch-{next(self._indexes)}")
                 self.spark.sparkContext.setJobDescription(f"index {self.name} [{b.lower}, {b.upper})")
-                b.write_index(self.layout.index_key, directory)
+                b.write_index(self.layout.index_key, self._index_directory())
+
+    def _index_directory(self) -> str:
+        """A new directory for the index files of one of this trace's batches."""
+        return os.path.join(self.policy.directory, f"trace-{self._id}", f"batch-{next(self._indexes)}")
 
     def batches_between(self, lower: int, upper: int) -> list[Batch]:
         """Batches that hold only times in ``[lower, upper)``."""
@@ -370,10 +374,11 @@ class Trace:
         self.since = max(self.since, since)
         self.batches[-count:] = [merged] if merged.rows else []
 
-    def _consolidate(self, parts: list[Batch], lower: int, upper: int) -> tuple[Batch, int]:
+    def _consolidate(self, parts: list[Batch], lower: int, upper: int, index: bool = False) -> tuple[Batch, int]:
         """One batch of ``parts``' updates with times compacted to the frontier (the parts
         stay as they are); returns it and the frontier it compacted to (the caller's to
-        record in ``since``)."""
+        record in ``since``). ``index``: a stored result is written with its index files
+        (see :meth:`materialize`)."""
         frontier = min(self.frontier(), upper - 1)
         names = self.layout.names
         if sum(p.rows for p in parts) <= self.policy.local_limit and all(p.is_local for p in parts):
@@ -387,16 +392,29 @@ class Trace:
                                                 "`_diff`")
                   .groupBy(*names, TIME).agg(F.sum(DIFF).alias(DIFF)).where(F.col(DIFF) != 0))
         self.spark.sparkContext.setJobDescription(f"merge {self.name} [{lower}, {upper})")
-        return self.materialize(summed.select(*self.layout.all_names), lower, upper, by_key=True), frontier
+        return self.materialize(summed.select(*self.layout.all_names), lower, upper, by_key=True,
+                                index=index), frontier
 
-    def materialize(self, frame: DataFrame, lower: int, upper: int, by_key: bool = False) -> Batch:
+    def materialize(self, frame: DataFrame, lower: int, upper: int, by_key: bool = False,
+                    index: bool = False) -> Batch:
         """A batch of ``frame`` (the full layout, with ``_t``): checkpointed, partitioned by
         the key and counted, or moved to the driver when it is small. ``by_key``: ``frame``
         is partitioned by the key already (it consolidates the output of :meth:`by_key`),
-        so it is only sorted, not shuffled again."""
-        stored, rows = checkpoint(self.organize(frame, shuffle=not by_key))
+        so it is only sorted, not shuffled again. ``index`` (a trace with an index
+        directory): the same Spark job writes the batch's index files, which a small result
+        then deletes."""
+        organized = self.organize(frame, shuffle=not by_key)
+        written = None
+        if index and self.policy.directory is not None:
+            directory = self._index_directory()
+            stored, rows, paths = checkpoint_indexed(organized, self.layout.index_key, directory)
+            written = (directory, paths)
+        else:
+            stored, rows = checkpoint(organized)
         if rows > self.policy.local_limit:
-            return Batch.from_checkpoint(stored, rows, lower, upper)
+            return Batch.from_checkpoint(stored, rows, lower, upper, index=written)
+        if written is not None:
+            remove_index(written[0])
         local = stored.toArrow().to_pandas()
         release_checkpoint(stored)
         return Batch.from_pandas(self.spark, self.layout, local, lower, upper)
@@ -445,7 +463,7 @@ class StoredMerge:
         try:
             if count:
                 parts = batches[-count:]
-                merged, since = trace._consolidate(parts, parts[0].lower, parts[-1].upper)
+                merged, since = trace._consolidate(parts, parts[0].lower, parts[-1].upper, index=True)
                 self.since = max(self.since, since)
                 self.merges = count - 1
                 del batches[-count:]

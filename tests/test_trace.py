@@ -197,6 +197,23 @@ def test_a_merge_that_turns_out_small_keeps_no_index_files(spark, tmp_path):
     assert not list(tmp_path.rglob("*.arrow"))
 
 
+def test_a_failed_indexed_checkpoint_leaves_no_files(spark, tmp_path, monkeypatch):
+    """If the job that stores a batch and writes its index files fails, the files it wrote
+    are deleted and the error reaches the caller."""
+    from factflow.arrangement import batch
+
+    def failing(frame, key, directory):
+        (tmp_path / "index" / "part-00000.arrow").write_bytes(b"partial")
+        raise RuntimeError("task failed")
+
+    (tmp_path / "index").mkdir()
+    monkeypatch.setattr(batch, "write_index", failing)
+    frame = spark.createDataFrame([(1, "a", 1, 1)], "e long, v string, _t long, _diff long")
+    with pytest.raises(RuntimeError, match="task failed"):
+        batch.checkpoint_indexed(frame, ("e",), str(tmp_path / "index"))
+    assert not (tmp_path / "index").exists()
+
+
 def test_checkpoint_is_one_job_and_cuts_the_lineage(spark):
     """A stored batch is materialized and counted by one Spark job; afterwards its plan
     reads stored blocks, not the query that made them."""

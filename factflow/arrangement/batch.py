@@ -127,9 +127,15 @@ def checkpoint(frame: DataFrame) -> tuple[DataFrame, int]:
 def checkpoint_indexed(frame: DataFrame, key: tuple[str, ...], directory: str) -> tuple[DataFrame, int, list[str]]:
     """:func:`checkpoint` and :func:`~factflow.arrangement.index.write_index` in one Spark
     job: the index files are written from the rows the job stores. Returns the stored
-    frame, its row count and the paths of its index files."""
+    frame, its row count and the paths of its index files; a failed job leaves neither
+    blocks nor files behind."""
     stored = frame.localCheckpoint(eager=False)
-    paths, rows = write_index(stored, key, directory)
+    try:
+        paths, rows = write_index(stored, key, directory)
+    except BaseException:
+        release_checkpoint(stored)
+        remove_index(directory)
+        raise
     return stored, rows, paths
 
 

@@ -40,13 +40,16 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.feather as feather
 from common import engine_session, machine_facts, median, report, timed, trivial_job_seconds
+from pyspark.sql import types as T
 from pyspark.sql.datasource import DataSource, DataSourceReader
 
-from factflow.arrangement.batch import one_partition
+from factflow.arrangement.batch import drop_view, one_partition, register_view
+from factflow.model.frames import spark_frame
 from factflow.engine.apply import small_statements
 from factflow.engine.config import EngineConfig
 
 SCHEMA = "e BIGINT, v BIGINT, _diff BIGINT"
+LOCAL_SCHEMA = T.StructType([T.StructField(n, T.LongType(), True) for n in ("e", "v", "_diff")])
 
 
 class LeafReader(DataSourceReader):
@@ -80,8 +83,8 @@ def rows(n: int) -> pd.DataFrame:
 
 
 def statement(views: list[str]) -> str:
-    """The rows of every view (a union, each input in one partition as factflow's small
-    statements read local relations): ``100 + k + 200 * (len(views) - 1)`` rows."""
+    """The rows of every view, a union (each input in one partition, as factflow's small
+    statements read local relations)."""
     return "SELECT /*+ COALESCE(1) */ e, v FROM (" + " UNION ALL ".join(
         f"SELECT * FROM {one_partition(v)}" for v in views) + ")"
 
@@ -96,22 +99,24 @@ def without_exchange(frame):
 
 
 def measure(spark, leaves: int, runs: int, directory: str) -> dict:
-    """Median seconds of the three forms for ``leaves`` leaves."""
-    counter = iter(range(10**9))
+    """Median seconds of the three forms for ``leaves`` leaves; the first leaf has
+    ``100 + k`` rows in run ``k``, the others 200."""
+    def local_views(k: int) -> list[str]:  # as factflow registers the local relations of a statement
+        return [register_view(spark_frame(spark, rows(100 + k if i == 0 else 200), LOCAL_SCHEMA), prefix="ff_bench")
+                for i in range(leaves)]
+
+    def expected(k: int) -> int:
+        return 100 + k + 200 * (leaves - 1)
 
     def fresh(k: int) -> int:
-        views = []
-        for i in range(leaves):
-            view = f"fresh_{next(counter)}"
-            spark.createDataFrame(rows(100 + k if i == 0 else 200)).createOrReplaceTempView(view)
-            views.append(view)
-        return spark.sql(statement(views)).toArrow().num_rows
+        views = local_views(k)
+        try:
+            return spark.sql(statement(views)).toArrow().num_rows
+        finally:
+            for view in views:
+                drop_view(spark, view)
 
-    fixed_views = []
-    for i in range(leaves):
-        spark.createDataFrame(rows(100 if i == 0 else 200)).createOrReplaceTempView(f"fixed_{i}")
-        fixed_views.append(f"fixed_{i}")
-    fixed = without_exchange(spark.sql(statement(fixed_views)))
+    fixed = without_exchange(spark.sql(statement(local_views(0))))
 
     paths = [os.path.join(directory, f"leaf-{leaves}-{i}.arrow") for i in range(leaves)]
     for i, path in enumerate(paths):
@@ -126,13 +131,13 @@ def measure(spark, leaves: int, runs: int, directory: str) -> dict:
     times: dict[str, list[float]] = {"fresh": [], "reuse, fixed": [], "reuse, python leaves": []}
     for k in range(runs):
         seconds, n = timed(lambda: fresh(k))
-        assert n == 100 + k + 200 * (leaves - 1), (n, k)
+        assert n == expected(k), (n, k)
         times["fresh"].append(seconds)
         seconds, n = timed(lambda: fixed.toArrow().num_rows)
-        assert n == 100 + 200 * (leaves - 1)
+        assert n == expected(0)
         times["reuse, fixed"].append(seconds)
         seconds, n = timed(lambda: reuse_python(k))
-        assert n == 100 + k + 200 * (leaves - 1), (n, k)  # the reused plan read the rewritten file
+        assert n == expected(k), (n, k)  # the reused plan read the rewritten file
         times["reuse, python leaves"].append(seconds)
     return {form: round(median(t[2:]), 4) for form, t in times.items()}
 

@@ -4,7 +4,7 @@ import pandas as pd
 import pytest
 
 from factflow import FactflowError
-from factflow.arrangement.batch import Layout
+from factflow.arrangement.batch import Batch, Layout
 from factflow.arrangement.trace import MergePolicy, Trace
 from factflow.model.types import Kind
 
@@ -82,6 +82,35 @@ def test_geometric_merging_keeps_few_batches(spark):
     assert trace.tuples == 32
     assert sum(accumulate(spark, trace, 32).values()) == 32
     assert any(not b.is_local for b in trace.batches)  # large merges moved into Spark's cache
+
+
+def sized(*counts):
+    """Stored batches of the given row counts, oldest first (sizes only: no Spark)."""
+    return [Batch(k, k + 1, n, None) for k, n in enumerate(counts)]
+
+
+def test_a_merge_reads_at_most_the_cap():
+    """No merge rewrites more than max(merge_limit, rows of the trace / merge_share) rows: the
+    tail of binary triangles over oregon1 (1.16M, 527K, 253K, 167K rows) merges its three
+    newest batches, not the whole trace; once the trace is large enough the cap grows and
+    batches of that size merge again."""
+    trace = Trace(None, "sizes", LAYOUT, MergePolicy(), upper=1)
+    assert trace.merge_cap(sized(1_160_000, 527_000, 253_000, 167_000)) == 1_000_000
+    assert trace.merge_due(sized(1_160_000, 527_000, 253_000, 167_000)) == 3
+    unbounded = Trace(None, "sizes", LAYOUT, MergePolicy(merge_limit=10**12), upper=1)
+    assert unbounded.merge_due(sized(1_160_000, 527_000, 253_000, 167_000)) == 4
+    assert trace.merge_due(sized(8_000_000, 600_000, 600_000)) == 0  # 1.2M > 1.15M
+    assert trace.merge_due(sized(16_000_000, 600_000, 600_000)) == 2  # cap 2.15M
+
+
+def test_capped_merges_keep_every_update(spark):
+    trace = make(spark, local_limit=1, factor=2, merge_limit=3)
+    for epoch in range(1, 15):
+        trace.append_pandas(rows((epoch, "x", 1)), epoch)
+        trace.maintain()
+        assert max(b.rows for b in trace.batches) <= 3
+    assert len(trace.batches) <= 6
+    assert accumulate(spark, trace, 14) == {(e, "x"): 1 for e in range(1, 15)}
 
 
 def test_handles_cannot_read_before_their_frontier(spark):

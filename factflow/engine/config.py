@@ -13,7 +13,10 @@ class EngineConfig:
 
     ``local_limit``: change sets and merged batches of at most this many rows are held on
     the driver and shipped to Spark as local relations; larger ones are checkpointed in Spark.
-    ``merge_factor``: geometric merging factor of traces. ``partitions``: partitions of
+    ``merge_factor``: geometric merging factor of traces. ``merge_limit``: rows one merge
+    may read before it stops growing, unless an eighth of the trace is more (no round then
+    rewrites a large trace whole; see :meth:`factflow.arrangement.trace.Trace.merge_cap`).
+    ``partitions``: partitions of
     checkpointed batches (default: ``spark.sql.shuffle.partitions``). ``small_conf``: SQL
     settings for the statements of small epochs, whose cost is Spark's fixed overhead per
     task and per compiled stage rather than data (one shuffle partition, no whole-stage
@@ -53,6 +56,7 @@ class EngineConfig:
 
     local_limit: int = 20_000
     merge_factor: int = 2
+    merge_limit: int = 1_000_000
     partitions: int | None = None
     small_conf: tuple[tuple[str, str], ...] = (
         ("spark.sql.shuffle.partitions", "1"),

@@ -89,3 +89,20 @@ def test_a_created_session_starts_without_spark_chatter():
     lines = [line for line in (run.stdout + run.stderr).splitlines()
              if line.strip() and line != "WARNING: Using incubator modules: jdk.incubator.vector"]
     assert lines == []
+
+
+def test_python_workers_fork_from_a_daemon_that_loaded_the_probe_modules(spark):
+    """A worker's parent is factflow's daemon, which imported numpy, pyarrow and the index
+    module before forking (a fresh worker would otherwise spend about 1 s importing them)."""
+
+    def parent(batches):
+        import pyarrow as pa
+
+        for _ in batches:
+            pass
+        with open(f"/proc/{os.getppid()}/cmdline", "rb") as handle:
+            command = handle.read().replace(b"\0", b" ").decode()
+        yield pa.RecordBatch.from_pydict({"parent": [command]})
+
+    parents = {r.parent for r in spark.range(2).mapInArrow(parent, "parent STRING").collect()}
+    assert parents and all("factflow.engine.worker_daemon" in p for p in parents)

@@ -58,7 +58,8 @@ _POOLS = Path(__file__).resolve().with_name("fairscheduler.xml")
 #: heap; the engine bounds its fetches in rows for that (``EngineConfig.fetch_limit``, see
 #: :mod:`factflow.engine.evaluation`). Jobs are scheduled FAIR between two pools, so that
 #: an epoch's tasks take free task slots before those of background merges
-#: (``fairscheduler.xml``, :mod:`factflow.engine.maintenance`).
+#: (``fairscheduler.xml``, :mod:`factflow.engine.maintenance`). Python workers fork from a
+#: daemon that has loaded what probes import (:mod:`factflow.engine.worker_daemon`).
 DEFAULT_SPARK_CONF = {
     "spark.ui.enabled": "false",
     "spark.driver.maxResultSize": "512m",
@@ -74,6 +75,7 @@ DEFAULT_SPARK_CONF = {
     "spark.sql.autoBroadcastJoinThreshold": str(32 * 1024 * 1024),
     "spark.scheduler.mode": "FAIR",
     "spark.scheduler.allocation.file": str(_POOLS),
+    "spark.python.daemon.module": "factflow.engine.worker_daemon",
     **REQUIRED_SQL_CONF,
 }
 

@@ -1,0 +1,18 @@
+"""Spark's Python daemon, with what factflow's tasks import loaded before it forks workers.
+
+Spark starts Python workers by forking them from one daemon process per executor
+(``pyspark.daemon``). Each new worker then imports what its first task needs; for an index
+probe or an index write (:mod:`factflow.arrangement.index`) that is numpy, pyarrow,
+pandas and factflow itself: about 1 s per worker on this machine, paid whenever a task
+needs more workers than are idle (a statement whose task chains several probes needs one
+per probe), for instance by the first install after a stream of epochs (1.3 s for a
+probe task that takes 0.45-0.67 s with warm workers). This daemon imports them once;
+forked workers share them. Sessions factflow creates use it (``spark.python.daemon.module``,
+see :mod:`factflow.engine.session`).
+"""
+
+import factflow.arrangement.index  # noqa: F401 - numpy, pyarrow, pandas and factflow, for every worker
+from pyspark import daemon
+
+if __name__ == "__main__":
+    daemon.manager()

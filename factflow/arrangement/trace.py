@@ -9,7 +9,9 @@ Maintenance merges adjacent batches geometrically (a batch is merged into its ol
 neighbour while that neighbour is at most ``factor`` times larger), the way an LSM tree or
 a merge sort would, so a trace holds logarithmically many batches. The batches a chain of
 such merges would reach are merged in one pass (:meth:`Trace.merge_due`): each row is read
-and written once, not once per step of the chain. Maintenance comes in two parts:
+and written once, not once per step of the chain. No merge reads more than a cap
+(:meth:`Trace.merge_cap`), so no round rewrites a large trace whole; a trace then also
+holds a bounded number of batches of about the cap's size. Maintenance comes in two parts:
 :meth:`Trace.merge_local` merges trailing driver-side batches at once (no Spark), and
 :meth:`Trace.stored_merge` hands what needs Spark (merges that make or read stored batches,
 index files) to a :class:`StoredMerge`, which computes them from a pinned snapshot of the

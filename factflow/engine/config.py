@@ -16,8 +16,8 @@ class EngineConfig:
     ``merge_factor``: geometric merging factor of traces. ``merge_limit``: rows one merge
     may read before it stops growing, unless an eighth of the trace is more (no round then
     rewrites a large trace whole; see :meth:`factflow.arrangement.trace.Trace.merge_cap`).
-    ``partitions``: partitions of
-    checkpointed batches (default: ``spark.sql.shuffle.partitions``). ``small_conf``: SQL
+    ``partitions``: partitions of checkpointed batches (default:
+    ``spark.sql.shuffle.partitions``). ``small_conf``: SQL
     settings for the statements of small epochs, whose cost is Spark's fixed overhead per
     task and per compiled stage rather than data (one shuffle partition, no whole-stage
     code generation, no broadcast joins: each broadcast is a Spark job of its own); they

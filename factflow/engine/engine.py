@@ -114,7 +114,7 @@ class Engine:
         self._owns_state_dir = not state_dir
         self.state_dir = state_dir or tempfile.mkdtemp(prefix="factflow-")
         self.policy = MergePolicy(self.config.merge_factor, self.config.local_limit, partitions,
-                                  os.path.join(self.state_dir, "indexes"), self.config.merge_limit)
+                                  os.path.join(self.state_dir, "indexes"), merge_limit=self.config.merge_limit)
         self.rules = RuleStore()
         self._state = EngineState(self.spark, self.config, self.policy)
         self._state.clock = EventClock() if time == "event" else None

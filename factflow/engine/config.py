@@ -19,9 +19,12 @@ class EngineConfig:
     ``partitions``: partitions of checkpointed batches (default:
     ``spark.sql.shuffle.partitions``). ``small_conf``: SQL
     settings for the statements of small epochs, whose cost is Spark's fixed overhead per
-    task and per compiled stage rather than data (one shuffle partition, no whole-stage
-    code generation, no broadcast joins: each broadcast is a Spark job of its own); they
-    apply only while such a statement is planned. With the statement's subqueries in one
+    task and per compiled stage rather than data (one shuffle partition, no broadcast joins:
+    each broadcast is a Spark job of its own; no generated code, neither whole-stage nor per
+    expression: generating the code of a statement's projections, orderings and
+    aggregations cost its one task more than its rows, and interpreting them made a
+    1-change epoch with five LDBC queries 0.6x as long, docs/benchmarks.md); they
+    apply only while such a statement is planned and run. With the statement's subqueries in one
     partition each (:class:`factflow.dataflow.statement.Statement`), two more keep the
     statement free of shuffles: inputs in one partition are joined where they are however
     large Spark estimates them (``maxSinglePartitionBytes``), and the optimizer does not
@@ -61,6 +64,7 @@ class EngineConfig:
     small_conf: tuple[tuple[str, str], ...] = (
         ("spark.sql.shuffle.partitions", "1"),
         ("spark.sql.codegen.wholeStage", "false"),
+        ("spark.sql.codegen.factoryMode", "NO_CODEGEN"),
         ("spark.sql.autoBroadcastJoinThreshold", "-1"),
         ("spark.sql.maxSinglePartitionBytes", str(2**62)),
         ("spark.sql.optimizer.excludedRules", "org.apache.spark.sql.catalyst.optimizer.PushDownLeftSemiAntiJoin,"

@@ -443,6 +443,11 @@ def test_epoch_reports_name_their_spark_jobs(people):
     assert report.jobs and all(j.description and f"epoch {report.epoch}" in j.description for j in report.jobs)
     assert any("ages" in j.description for j in report.jobs)
     assert "Spark jobs" in report.describe()
+    # the epoch is also the jobs' call site (Spark does not walk the stack for every RDD)
+    store = people.spark.sparkContext._jsc.sc().statusStore()
+    ids = [store.job(j.id).stageIds() for j in report.jobs]
+    stages = [seq.apply(i) for seq in ids for i in range(seq.size())]
+    assert stages and {store.lastStageAttempt(s).details() for s in stages} == {f"factflow epoch {report.epoch}"}
 
 
 def test_closed_engine_refuses_work(spark):

@@ -66,6 +66,7 @@ from factflow.arrangement.attribute import AttributeArrangement
 from factflow.arrangement.batch import DIFF, Batch
 from factflow.engine.clock import Buffered
 from factflow.engine.definition import QueryDefinition
+from factflow.engine.session import label_jobs
 from factflow.engine.transaction import SLOT, WideOps
 from factflow.errors import StorageError
 from factflow.lang.rules import RuleStore
@@ -365,8 +366,7 @@ class Durability:
     def _write(self, snapshot: _Snapshot) -> None:
         started = time.perf_counter()
         sc = self.state.spark.sparkContext
-        sc.setJobGroup(f"{self._group}-{snapshot.epoch}", f"factflow checkpoint of epoch {snapshot.epoch}",
-                       interruptOnCancel=False)
+        label_jobs(sc, f"{self._group}-{snapshot.epoch}", f"factflow checkpoint of epoch {snapshot.epoch}")
         try:
             facts = {aid: CheckpointFiles(kind, self._writer(kind, batches))
                      for aid, (kind, batches) in snapshot.batches.items()}
@@ -383,7 +383,7 @@ class Durability:
             for _, batches in snapshot.batches.values():
                 for batch in batches:
                     batch.unpin()
-            sc.setJobGroup("", "", interruptOnCancel=False)
+            label_jobs(sc, "", "")
             self._idle.set()
         log.info("checkpoint of epoch %d: %d facts in %d files (%d bytes), %.2fs", snapshot.epoch,
                  self.last_checkpoint.facts, len(entries), self.last_checkpoint.bytes, self.last_checkpoint.seconds)

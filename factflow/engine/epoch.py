@@ -41,7 +41,7 @@ from factflow.engine import transaction
 from factflow.engine.apply import apply_changes
 from factflow.engine.delivery import Deliveries, Notice
 from factflow.engine.reports import EpochReport, spark_jobs
-from factflow.engine.session import driver_alive
+from factflow.engine.session import driver_alive, label_jobs
 from factflow.engine.query import Query
 from factflow.engine.state import EngineState
 from factflow.errors import ExecutionError, FactflowError, TransactionError
@@ -78,7 +78,7 @@ def run_epoch(state: EngineState, tx: Any, group_prefix: str, epoch_log: list[Ep
     group = f"{group_prefix}-{epoch}"
     spark = state.spark
     sc = spark.sparkContext
-    sc.setJobGroup(group, f"factflow epoch {epoch}", interruptOnCancel=False)
+    label_jobs(sc, group, f"factflow epoch {epoch}")
     started = time.perf_counter()
     phases: dict[str, float] = {}
     try:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from factflow.dataflow.context import EpochContext
 from factflow.engine.allocation import Allocation
 from factflow.engine.dataflow import Dataflow
+from factflow.engine.session import label_jobs
 from factflow.engine.state import EngineState
 from factflow.errors import QueryError
 from factflow.planner.holdings import Holdings
@@ -40,7 +41,7 @@ def install(state: EngineState, plan: Plan, name: str, group_prefix: str) -> Dat
                          "planned; plan the query again")
     holdings = Holdings(state.spark)
     allocation = Allocation(state, name, holdings, [e for e in plan.shared if not e.installed])
-    state.spark.sparkContext.setJobGroup(f"{group_prefix}-{name}", f"install query {name}", interruptOnCancel=False)
+    label_jobs(state.spark.sparkContext, f"{group_prefix}-{name}", f"install query {name}")
     try:
         allocation.bind(plan)
         dataflow = Dataflow(plan, name, holdings)

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 
 from factflow.arrangement.trace import StoredMerge
 from factflow.engine.reports import EpochReport, spark_jobs
+from factflow.engine.session import label_jobs
 
 if TYPE_CHECKING:  # pragma: no cover
     from factflow.engine.state import EngineState
@@ -67,8 +68,7 @@ class Maintenance:
                 return  # a round another writer started is still running: the next call merges
             epoch = state.unmaintained[-1][0]
             group = f"{self._group_prefix}-{epoch}"
-            state.spark.sparkContext.setJobGroup(group, f"factflow maintenance after epoch {epoch}",
-                                                 interruptOnCancel=False)
+            label_jobs(state.spark.sparkContext, group, f"factflow maintenance after epoch {epoch}")
             mark = time.perf_counter()
             try:
                 merges, stored = state.maintain()
@@ -107,7 +107,7 @@ class Maintenance:
         mark = time.perf_counter()
         pending, done = list(stored), []
         try:
-            sc.setJobGroup(group, f"factflow maintenance after epoch {epoch} (background)", interruptOnCancel=False)
+            label_jobs(sc, group, f"factflow maintenance after epoch {epoch} (background)")
             sc.setLocalProperty("spark.scheduler.pool", POOL)
             while pending and not self._closing:
                 each = pending.pop(0)

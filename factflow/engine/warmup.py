@@ -20,6 +20,8 @@ from typing import Iterator
 import pyarrow as pa
 from pyspark.sql import SparkSession
 
+from factflow.engine.session import label_jobs
+
 __all__ = ["warm_python_workers"]
 
 log = logging.getLogger("factflow.engine")
@@ -45,7 +47,7 @@ def warm_python_workers(spark: SparkSession, pool: str | None = None) -> threadi
 def _warm(spark: SparkSession, pool: str | None) -> None:
     sc = spark.sparkContext
     try:
-        sc.setJobGroup("factflow-warmup", "factflow: start Python workers", interruptOnCancel=False)
+        label_jobs(sc, "factflow-warmup", "factflow: start Python workers")
         if pool is not None:
             sc.setLocalProperty("spark.scheduler.pool", pool)
         tasks = max(1, sc.defaultParallelism)

@@ -46,6 +46,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from factflow.engine.clock import event_time
+from factflow.engine.session import label_jobs
 from factflow.errors import IngestError, LateTransactionError, TransactionError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -101,8 +102,7 @@ def _batch_applier(db: "Engine", source: str, checkpoint: str, on_error: str) ->
     """The ``foreachBatch`` function: one epoch per batch, a rejected batch written and skipped or raised."""
 
     def label(batch_id: int) -> None:
-        db.spark.sparkContext.setJobGroup(f"factflow-ingest-{source}-{batch_id}",
-                                          f"factflow ingest {source} batch {batch_id}", interruptOnCancel=False)
+        label_jobs(db.spark.sparkContext, f"factflow-ingest-{source}-{batch_id}", f"factflow ingest {source} batch {batch_id}")
 
     def apply(batch: DataFrame, batch_id: int) -> None:
         label(batch_id)

@@ -22,6 +22,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from factflow.engine.session import label_jobs
 from factflow.errors import LoadError, UnknownAttributeError
 from factflow.model.types import Kind, kind_of_type, spark_type
 
@@ -98,7 +99,7 @@ def load(db: "Engine", path: str | Sequence[str], format: str = "csv", entity: s
             resolved.append((db.schema.get(name), column))
         except UnknownAttributeError as exc:
             raise LoadError(f"load {path}: {exc}") from exc
-    spark.sparkContext.setJobGroup("factflow-load", f"factflow load {path}", interruptOnCancel=False)
+    label_jobs(spark.sparkContext, "factflow-load", f"factflow load {path}")
     try:
         frame = spark.read.format(format).options(**{k: str(v) for k, v in (options or {}).items()}).load(path)
     except AnalysisException as exc:

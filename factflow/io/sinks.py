@@ -58,6 +58,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from factflow.engine.session import label_jobs
 from factflow.errors import SinkError
 from factflow.model.frames import spark_frame
 from factflow.model.types import Kind, spark_type
@@ -279,8 +280,7 @@ class SinkWriter:
         path = self.sink.path
         what = f"epoch {epochs[0]}" if len(epochs) == 1 else f"epochs {epochs[0]}-{epochs[-1]}"
         sc = self.spark.sparkContext
-        sc.setJobGroup(f"factflow-sink-{self.query}-{epochs[-1]}", f"factflow sink {self.query} {what}",
-                       interruptOnCancel=False)
+        label_jobs(sc, f"factflow-sink-{self.query}-{epochs[-1]}", f"factflow sink {self.query} {what}")
         tmp = os.path.join(path, f"{_TMP}{epochs[0]}-{uuid.uuid4().hex[:8]}")
         writer = frame.select(*self.names, CHANGE, EPOCH).write.partitionBy(EPOCH).format(self.sink.format)
         if self.sink.format == "csv":

@@ -34,7 +34,8 @@ def test_names_inside_strings_and_quoted_identifiers_are_text():
     a = s.define("SELECT 'x' AS `__r1`")
     b = s.define(f"SELECT * FROM {a} WHERE `__r1` <> '__r1' AND `__r1` <> 'it\\'s __r1'")
     assert s.render(f"SELECT * FROM {b}") == (
-        "SELECT * FROM (SELECT * FROM (SELECT 'x' AS `__r1`) __r1 WHERE `__r1` <> '__r1' AND `__r1` <> 'it\\'s __r1') __r2")
+        "SELECT * FROM (SELECT * FROM (SELECT 'x' AS `__r1`) __r1 "
+        "WHERE `__r1` <> '__r1' AND `__r1` <> 'it\\'s __r1') __r2")
 
 
 def test_a_statement_without_names_is_left_as_it_is():

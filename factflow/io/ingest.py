@@ -102,7 +102,8 @@ def _batch_applier(db: "Engine", source: str, checkpoint: str, on_error: str) ->
     """The ``foreachBatch`` function: one epoch per batch, a rejected batch written and skipped or raised."""
 
     def label(batch_id: int) -> None:
-        label_jobs(db.spark.sparkContext, f"factflow-ingest-{source}-{batch_id}", f"factflow ingest {source} batch {batch_id}")
+        label_jobs(db.spark.sparkContext, f"factflow-ingest-{source}-{batch_id}",
+                   f"factflow ingest {source} batch {batch_id}")
 
     def apply(batch: DataFrame, batch_id: int) -> None:
         label(batch_id)

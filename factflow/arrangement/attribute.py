@@ -19,6 +19,7 @@ from pyspark.sql import functions as F
 
 from factflow.arrangement.batch import DIFF, TIME, Batch, Layout
 from factflow.arrangement.trace import MergePolicy, Trace
+from factflow.model.frames import consolidated
 from factflow.model.schema import Attribute
 from factflow.model.types import Kind
 
@@ -120,10 +121,10 @@ class AttributeArrangement:
             full = self.spark.sql(f"SELECT `e`, `v`, {as_of}L AS `{TIME}`, `{DIFF}` FROM {forward.read(as_of)}")
             rows = self._face_rows_frame(face, full)
             layout = self._layouts[face]
-            consolidated = (trace.by_key(rows).groupBy(*layout.names, TIME).agg(F.sum(DIFF).alias(DIFF))
-                            .where(F.col(DIFF) != 0).select(*layout.all_names))
+            summed = (trace.by_key(rows).groupBy(*layout.names, TIME).agg(F.sum(DIFF).alias(DIFF))
+                      .where(F.col(DIFF) != 0).select(*layout.all_names))
             self.spark.sparkContext.setJobDescription(f"build {trace.name}")
-            batch = trace.materialize(consolidated, 0, forward.upper, by_key=True)
+            batch = trace.materialize(summed, 0, forward.upper, by_key=True)
             if batch.rows:
                 trace.batches.append(batch)
                 if self.policy.directory is not None:
@@ -135,8 +136,7 @@ class AttributeArrangement:
         if face in ("forward", "reverse"):
             return delta
         key = "e" if face == "count_e" else "v"
-        counted = delta.groupby([key, TIME], sort=False, as_index=False)[DIFF].sum()
-        return counted[counted[DIFF] != 0]
+        return consolidated(delta, [key, TIME], DIFF)
 
     def _face_rows_frame(self, face: str, delta: DataFrame) -> DataFrame:
         if face in ("forward", "reverse"):

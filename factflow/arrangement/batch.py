@@ -4,7 +4,9 @@ A batch holds update rows ``(columns..., _t, _diff)`` for the epochs ``[lower, u
 Two physical forms exist:
 
 * a *local* batch keeps its (small) rows on the driver as a pandas frame and exposes them
-  to Spark as a ``LocalRelation``: no cache, no lineage, exact statistics, free to broadcast;
+  to Spark as a ``LocalRelation``: no cache, no lineage, exact statistics, free to broadcast
+  (written into the statement as an inline table when it has only a few rows, see
+  :func:`local_relation`);
 * a *stored* batch is a DataFrame checkpointed on the executors (``localCheckpoint``),
   hash-partitioned and sorted by the trace's key so joins on that key need not shuffle it.
   Checkpointing cuts the lineage: the batch's plan is a plain scan of stored blocks, so
@@ -13,8 +15,9 @@ Two physical forms exist:
   Spark 4.1 (relation deduplication and InMemoryRelation canonicalization), so batches
   are kept as checkpoints.)
 
-Both report their exact row count, so tuple accounting is exact, and both are registered
-as a Spark temp view so that the SQL the dataflow generates can name them. A stored batch
+Both report their exact row count, so tuple accounting is exact, and both are read by
+the SQL the dataflow generates through :attr:`Batch.source` (a temp view, or an inline
+table). A stored batch
 is also written, once, as sorted index files that probes read by key (:mod:`.index`); a
 local batch offers its rows as an Arrow table for the same probes.
 
@@ -34,10 +37,10 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
 from factflow.arrangement.index import arrow_schema, remove_index, write_index
-from factflow.model.frames import spark_frame
+from factflow.model.frames import INLINE_ROWS, spark_frame, values_sql
 from factflow.model.types import Kind, spark_type
 
-__all__ = ["Layout", "Batch", "TIME", "DIFF"]
+__all__ = ["Layout", "Batch", "TIME", "DIFF", "local_relation"]
 
 TIME = "_t"
 DIFF = "_diff"
@@ -103,6 +106,17 @@ def register_view(frame: DataFrame, prefix: str = "ff_b") -> str:
     return name
 
 
+def local_relation(spark: SparkSession, frame: pd.DataFrame, schema: T.StructType,
+                   prefix: str = "ff_b") -> tuple[str, str | None]:
+    """SQL reading the rows of a driver-side frame (typed as ``schema``), and the temp view
+    registered for them, to drop when done: None when at most
+    :data:`~factflow.model.frames.INLINE_ROWS` rows are written inline instead."""
+    if len(frame) <= INLINE_ROWS:
+        return values_sql(frame, schema), None
+    view = register_view(spark_frame(spark, frame, schema), prefix)
+    return view, view
+
+
 def one_partition(relation: str) -> str:
     """SQL reading ``relation`` (a view name or a parenthesized subquery) as one partition,
     without a shuffle (a ``COALESCE(1)`` hint): how small relations enter a statement."""
@@ -148,7 +162,7 @@ class Batch:
     """An immutable batch of updates covering epochs ``[lower, upper)``, readable as a view."""
 
     __slots__ = ("lower", "upper", "rows", "frame", "local", "view", "index", "index_paths", "_stored", "_arrow",
-                 "_spark", "_layout", "_pins", "_released", "_indexing")
+                 "_spark", "_layout", "_pins", "_released", "_indexing", "_relation")
 
     def __init__(self, lower: int, upper: int, rows: int, frame: DataFrame | None,
                  local: pd.DataFrame | None = None, stored: DataFrame | None = None,
@@ -165,6 +179,7 @@ class Batch:
         self.index: str | None = None  # directory of the sorted index files (stored batches)
         self.index_paths: list[str] = []
         self.view = register_view(frame) if rows and frame is not None else None
+        self._relation: str | None = None  # SQL reading a local batch, once read
         self._pins = 0
         self._released = False
         self._indexing = threading.Lock()
@@ -173,13 +188,14 @@ class Batch:
     def source(self) -> str:
         """SQL that reads this batch (a local batch is read as a single partition).
 
-        A local batch becomes a Spark DataFrame only when SQL first reads it: most are
-        merged on the driver before any statement does."""
+        A local batch becomes a Spark relation only when SQL first reads it (most are merged
+        on the driver before any statement does): written inline when it has few rows, else
+        a DataFrame registered as a temp view."""
         if self.local is not None:
-            if self.view is None:
-                self.frame = spark_frame(self._spark, self.local, self._layout.spark_schema())
-                self.view = register_view(self.frame)
-            return one_partition(self.view)
+            if self._relation is None:
+                relation, self.view = local_relation(self._spark, self.local, self._layout.spark_schema())
+                self._relation = one_partition(relation)
+            return self._relation
         return self.view
 
     @property
@@ -242,7 +258,7 @@ class Batch:
 
     def _free(self) -> None:
         if self.view is not None:
-            drop_view(self.frame.sparkSession, self.view)
+            drop_view(self._spark or self.frame.sparkSession, self.view)
             self.view = None
         if self._stored is not None:
             release_checkpoint(self._stored)

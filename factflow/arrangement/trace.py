@@ -43,6 +43,7 @@ from pyspark.sql import functions as F
 from factflow.arrangement.batch import DIFF, TIME, Batch, Layout, checkpoint, checkpoint_indexed, release_checkpoint
 from factflow.arrangement.index import remove_index
 from factflow.errors import FactflowError
+from factflow.model.frames import consolidated
 from factflow.model.types import sql_type
 
 __all__ = ["MergePolicy", "StoredMerge", "Trace", "TraceHandle"]
@@ -405,8 +406,7 @@ class Trace:
         if sum(p.rows for p in parts) <= self.policy.local_limit and all(p.is_local for p in parts):
             frame = pd.concat([p.local for p in parts], ignore_index=True)
             frame[TIME] = np.maximum(frame[TIME].to_numpy(), frontier)
-            frame = frame.groupby(names + [TIME], sort=False, dropna=False, as_index=False)[DIFF].sum()
-            frame = frame[frame[DIFF] != 0]
+            frame = consolidated(frame, names + [TIME], DIFF)
             return Batch.from_pandas(self.spark, self.layout, frame, lower, upper), frontier
         union = self.spark.sql(" UNION ALL ".join(f"SELECT * FROM {p.source}" for p in parts if p.rows))
         summed = (self.by_key(union).selectExpr(*[f"`{n}`" for n in names], f"greatest(`_t`, {frontier}L) AS `_t`",

@@ -17,15 +17,10 @@ import math
 from typing import Sequence
 
 from factflow.arrangement.batch import DIFF
-from factflow.model.types import INT64_MIN, Kind, sql_type, to_utc_naive
+from factflow.model.types import INT64_MIN, Kind, ident, sql_type, to_utc_naive
 
 __all__ = ["DIFF", "ident", "literal", "sql_type", "select", "join", "semijoin", "consolidate", "present",
            "union", "where", "empty"]
-
-def ident(name: str) -> str:
-    """A quoted SQL identifier."""
-    return "`" + name.replace("`", "``") + "`"
-
 
 def literal(value, kind: Kind) -> str:
     """A SQL literal of ``value`` as a ``kind``."""

@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from factflow.arrangement.batch import DIFF, drop_view, register_view
+from factflow.arrangement.batch import DIFF, drop_view
 from factflow.arrangement.trace import TraceHandle
 from factflow.dataflow.context import EpochContext
 from factflow.dataflow.lookup import TRACE_DIFF, probe
@@ -50,7 +50,7 @@ def apply_changes(state: "EngineState", prepared: transaction.PreparedTransactio
     are appended as they are, without a Spark job."""
     spark = state.spark
     watched: dict[int, pd.DataFrame] = {}
-    tx_view = register_view(prepared.frame, prefix="ff_tx")
+    tx_view, registered = prepared.relation(spark)
     cx = EpochContext(epoch, spark, small=prepared.small)
     try:
         current = {a.id: _current_state(cx, state.tx_handles[a.id], tx_view, a, epoch - 1)
@@ -60,7 +60,7 @@ def apply_changes(state: "EngineState", prepared: transaction.PreparedTransactio
             _apply_small(state, sql, prepared, epoch, watched) if prepared.small
             else _apply_bulk(state, sql, epoch, watched))
     finally:
-        for view in [tx_view] + cx.views:
+        for view in cx.views + ([registered] if registered else []):
             drop_view(spark, view)
     for aid, frame in (known or {}).items():
         state.arrangements[aid].apply_pandas(frame, epoch)

@@ -70,7 +70,7 @@ from factflow.engine.session import label_jobs
 from factflow.engine.transaction import SLOT, WideOps
 from factflow.errors import StorageError
 from factflow.lang.rules import RuleStore
-from factflow.model.frames import spark_frame
+from factflow.model.frames import consolidated, spark_frame
 from factflow.model.schema import Attribute
 from factflow.model.types import Kind, spark_type
 from factflow.storage.facts import (
@@ -214,14 +214,13 @@ class Durability:
         """Load an attribute's facts, the sum of ``sources``, into its new arrangement; returns their rows."""
         kind = arrangement.attribute.kind
         rows = sum(s.rows for s in sources)
-        consolidated = len(sources) == 1  # one source holds each (e, v) once
+        unique = len(sources) == 1  # one source holds each (e, v) once
         spark = self.state.spark
         if rows <= self.config.local_limit:
             tables = [s.table if s.table is not None else read_tables(s.directory, s.files, kind) for s in sources]
             frame = as_pandas(pa.concat_tables(tables))
-            if not consolidated:
-                frame = frame.groupby(["e", "v"], sort=False, dropna=False, as_index=False)[DIFF].sum()
-                frame = frame[frame[DIFF] != 0]
+            if not unique:
+                frame = consolidated(frame, ["e", "v"], DIFF)
             arrangement.load(frame, epoch)
             return len(frame)
         frames = [read_frame(spark, s.directory, s.files, kind) for s in sources if s.table is None]
@@ -229,7 +228,7 @@ class Durability:
         if inline:
             frames.append(spark_frame(spark, as_pandas(pa.concat_tables(inline)), _facts_struct(kind)))
         facts = reduce(DataFrame.unionAll, frames)
-        if not consolidated:
+        if not unique:
             facts = facts.groupBy("e", "v").agg(F.sum(DIFF).alias(DIFF)).where(F.col(DIFF) != 0)
         spark.sparkContext.setJobDescription(f"recover {arrangement.attribute.name}")
         arrangement.load(facts, epoch)
@@ -399,8 +398,7 @@ class Durability:
             stored = [b.frame.select("e", "v", DIFF) for b in batches if not b.is_local]
             if not stored:
                 frame = pd.concat(local, ignore_index=True)
-                frame = frame.groupby(["e", "v"], sort=False, dropna=False, as_index=False)[DIFF].sum()
-                table = from_pandas(frame[frame[DIFF] != 0], kind)
+                table = from_pandas(consolidated(frame, ["e", "v"], DIFF), kind)
                 return [write_table(table, f"{directory}/{prefix}part-00000.parquet")] if table.num_rows else []
             if local:
                 stored.append(spark_frame(spark, pd.concat(local, ignore_index=True), _facts_struct(kind)))

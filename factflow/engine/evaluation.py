@@ -44,13 +44,13 @@ import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
-from factflow.arrangement.batch import DIFF, checkpoint, drop_view, one_partition, register_view, release_checkpoint
+from factflow.arrangement.batch import (DIFF, checkpoint, drop_view, local_relation, one_partition, register_view,
+                                       release_checkpoint)
 from factflow.dataflow.context import EpochContext
 from factflow.dataflow.nodes import OUT, Columns, Distinct, Node, Stateful
 from factflow.dataflow.recursion import Fixpoint
 from factflow.engine.collect import Collector
 from factflow.errors import ExecutionError
-from factflow.model.frames import spark_frame
 from factflow.model.types import Kind, spark_type
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -192,9 +192,10 @@ class Evaluation:
     def _local_relation(self, data: pd.DataFrame, columns: Columns) -> str:
         schema = T.StructType([T.StructField(n, spark_type(k), True) for n, k in columns]
                               + [T.StructField(DIFF, T.LongType(), False)])
-        view = register_view(spark_frame(self.spark, data, schema), prefix="ff_l")
-        self._views.append(view)
-        relation = one_partition(view)
+        relation, view = local_relation(self.spark, data, schema, prefix="ff_l")
+        if view is not None:
+            self._views.append(view)
+        relation = one_partition(relation)
         self._local[relation] = data
         return relation
 

@@ -21,7 +21,7 @@ from typing import Callable, Sequence
 import pandas as pd
 
 from factflow.arrangement.batch import DIFF
-from factflow.engine.rows import consolidated
+from factflow.model.frames import consolidated
 from factflow.errors import QueryError
 
 __all__ = ["Throttle", "Window", "window_seconds"]

@@ -17,7 +17,8 @@ from factflow.engine.definition import QueryDefinition
 from factflow.engine.granularity import Window
 from factflow.engine.pull import PullView
 from factflow.engine.history import History, changes_sql, oldest_available
-from factflow.engine.rows import changes_from_frame, consolidated, python_rows
+from factflow.engine.rows import changes_from_frame, python_rows
+from factflow.model.frames import consolidated
 from factflow.errors import EngineClosedError, HistoryCompactedError, QueryError
 from factflow.io.sinks import CHANGE, Sink, SinkWriter
 from factflow.model.types import Kind

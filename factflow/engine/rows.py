@@ -7,9 +7,10 @@ from typing import Sequence
 
 import pandas as pd
 
+from factflow.model.frames import consolidated
 from factflow.model.types import Kind
 
-__all__ = ["python_rows", "consolidated", "changes_from_frame"]
+__all__ = ["python_rows", "changes_from_frame"]
 
 
 def _column_values(series: pd.Series, kind: Kind) -> list:
@@ -25,19 +26,6 @@ def python_rows(frame: pd.DataFrame, columns: Sequence[tuple[str, Kind]]) -> lis
         return [()] * len(frame)
     values = [_column_values(frame[name], kind) for name, kind in columns]
     return list(zip(*values))
-
-
-def consolidated(frame: pd.DataFrame, names: Sequence[str], diff: str) -> pd.DataFrame:
-    """``frame`` projected onto ``names`` and ``diff``, diffs summed per row, zero rows dropped."""
-    names = list(names)
-    frame = frame.loc[frame[diff] != 0, names + [diff]]
-    if names and frame.duplicated(names).any():
-        frame = frame.groupby(names, sort=False, as_index=False, dropna=False)[diff].sum()
-        frame = frame[frame[diff] != 0]
-    elif not names and len(frame) > 1:
-        frame = pd.DataFrame({diff: [frame[diff].sum()]})
-        frame = frame[frame[diff] != 0]
-    return frame
 
 
 def changes_from_frame(frame: pd.DataFrame, columns: Sequence[tuple[str, Kind]], diff: str) -> list[tuple[tuple, int]]:

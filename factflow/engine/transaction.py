@@ -35,9 +35,9 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from factflow import edn
-from factflow.arrangement.batch import DIFF
+from factflow.arrangement.batch import DIFF, local_relation, register_view
 from factflow.errors import EdnSyntaxError, TransactionError, UnknownAttributeError
-from factflow.model.frames import in_session, spark_frame
+from factflow.model.frames import in_session
 from factflow.model.schema import Attribute, Schema
 from factflow.dataflow.statement import Statement
 from factflow.model.types import Kind, coerce_value, python_type_name, spark_type, sql_type
@@ -60,29 +60,38 @@ _IN_LIST_LIMIT = 2000  # above this many entities, restrict state reads with a j
 class PreparedTransaction:
     """A transaction in wide form, with what the driver already knows about it."""
 
-    frame: DataFrame
+    frame: DataFrame | None  # Spark input (checked lazily); None when the rows are ``local``
     attributes: list[Attribute]
     rows: int | None  # None when unknown (Spark input)
     small: bool       # small enough to collect its effective changes to the driver
     entities: dict[int, list[int]] | None = None  # entity ids per attribute id, when known
+    local: pd.DataFrame | None = None  # the rows in ``TX_SCHEMA``'s columns, when on the driver
+
+    def relation(self, spark: SparkSession) -> tuple[str, str | None]:
+        """SQL reading the transaction's rows, and the temp view to drop afterwards (None
+        when a few rows are written inline)."""
+        if self.local is not None:
+            return local_relation(spark, self.local, TX_SCHEMA, prefix="ff_tx")
+        view = register_view(self.frame, prefix="ff_tx")
+        return view, view
 
 
 def prepare(tx: Any, schema: Schema, spark: SparkSession, local_limit: int) -> PreparedTransaction:
     """Validate what can be checked without data and build the wide transaction frame."""
     if isinstance(tx, WideOps):
-        return _from_wide(tx, spark, local_limit)
+        return _from_wide(tx, local_limit)
     if isinstance(tx, DataFrame):
         tx = in_session(tx, spark)
         if tx.limit(local_limit + 1).count() <= local_limit:  # a small epoch: take the driver path
             spark.sparkContext.setJobDescription("fetch a small transaction DataFrame")
             if "v" in tx.columns and isinstance(tx.schema["v"].dataType, T.StringType):
-                return _from_wide(_fetch_text(tx, schema, spark), spark, local_limit)
-            return _from_pandas(tx.toArrow().to_pandas(), schema, spark, local_limit)
+                return _from_wide(_fetch_text(tx, schema, spark), local_limit)
+            return _from_pandas(tx.toArrow().to_pandas(), schema, local_limit)
         return _from_spark(tx, schema, spark)
     if isinstance(tx, pd.DataFrame):
-        return _from_pandas(tx, schema, spark, local_limit)
+        return _from_pandas(tx, schema, local_limit)
     if isinstance(tx, (str, list, tuple)):
-        return _from_wide(read_ops(tx, schema), spark, local_limit)
+        return _from_wide(read_ops(tx, schema), local_limit)
     raise _unsupported(tx)
 
 
@@ -201,10 +210,10 @@ def combine(parts: Sequence[WideOps]) -> WideOps:
     return WideOps(frame, list(attributes.values()))
 
 
-def _from_wide(wide: WideOps, spark: SparkSession, local_limit: int) -> PreparedTransaction:
+def _from_wide(wide: WideOps, local_limit: int) -> PreparedTransaction:
     frame = wide.frame
-    return PreparedTransaction(spark_frame(spark, frame, TX_SCHEMA), wide.attributes, len(frame),
-                               len(frame) <= local_limit, _entities_by_attribute(frame))
+    return PreparedTransaction(None, wide.attributes, len(frame), len(frame) <= local_limit,
+                               _entities_by_attribute(frame), local=frame)
 
 
 def _entities_by_attribute(frame: pd.DataFrame) -> dict[int, list[int]]:
@@ -214,8 +223,8 @@ def _entities_by_attribute(frame: pd.DataFrame) -> dict[int, list[int]]:
 
 
 
-def _from_pandas(tx: pd.DataFrame, schema: Schema, spark: SparkSession, local_limit: int) -> PreparedTransaction:
-    return _from_wide(_wide_from_pandas(tx, schema), spark, local_limit)
+def _from_pandas(tx: pd.DataFrame, schema: Schema, local_limit: int) -> PreparedTransaction:
+    return _from_wide(_wide_from_pandas(tx, schema), local_limit)
 
 
 def _wide_from_pandas(tx: pd.DataFrame, schema: Schema) -> WideOps:
@@ -436,7 +445,7 @@ def _attribute_changes(sql: Statement, tx_view: str, attribute: Attribute, curre
 def effective_changes(tx_view: str, tx: PreparedTransaction, current: dict[int, str]) -> str | None:
     """SQL of one wide relation with every attribute's effective changes and every error found.
 
-    ``tx_view`` names the registered transaction frame; ``current`` maps attribute ids to
+    ``tx_view`` is SQL reading the transaction's rows (see :meth:`PreparedTransaction.relation`); ``current`` maps attribute ids to
     their forward index as of the previous epoch. Columns: ``a, e, <value slots>, _diff,
     err`` (``err`` is NULL on change rows, and the only non-NULL value column is the one
     of the attribute's kind).

@@ -6,17 +6,33 @@ Python and rejects what pandas uses for missing values in typed columns (``<NA>`
 nullable Int64 or boolean column, ``NaN`` in an integer column with gaps). factflow
 builds a pyarrow Table with the Spark schema's Arrow types instead, which Spark takes
 through the same Arrow path whatever that setting says.
+
+A small frame can instead be written into a statement's text as an inline table
+(:func:`values_sql`): Spark parses a few rows faster than it creates a DataFrame and a
+temp view for them.
 """
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
-__all__ = ["spark_frame", "in_session"]
+from factflow.model.types import ident
+
+__all__ = ["spark_frame", "values_sql", "in_session", "consolidated", "INLINE_ROWS"]
+
+#: Driver-side relations of at most this many rows enter statements as inline tables
+#: (:func:`values_sql`). Measured on this project's 2-core machine, a relation of 1 to 64
+#: rows of four columns was read about 25 ms sooner inline than through ``createDataFrame``
+#: and a temp view (about 0.035 s against 0.06 s, both including a trivial statement);
+#: at 256 rows the two were even, at 1,024 rows the inline table took twice as long.
+INLINE_ROWS = 64
 
 
 def spark_frame(spark: SparkSession, frame: pd.DataFrame, schema: T.StructType) -> DataFrame:
@@ -26,12 +42,66 @@ def spark_frame(spark: SparkSession, frame: pd.DataFrame, schema: T.StructType) 
     ``spark.sql.execution.pandas.convertToArrowArraySafely`` at its default, false). An
     empty frame gives an empty DataFrame whatever dtypes pandas gave its empty columns.
     """
+    return spark.createDataFrame(_arrow_table(frame, schema), schema=schema)
+
+
+def values_sql(frame: pd.DataFrame, schema: T.StructType) -> str:
+    """A parenthesized SQL relation holding ``frame``'s rows, typed and named as ``schema``
+    says (as :func:`spark_frame` would), written out as an inline table: no call into
+    Spark. Meant for at most :data:`INLINE_ROWS` rows; the text grows with the rows.
+
+    Arrow renders the cells a column at a time as string literals (escaped, or ``NULL``),
+    which Spark casts to the column's type: exact for 64-bit integers and doubles
+    (shortest round-trip text), infinities and NaN included.
+    """
+    table = _arrow_table(frame, schema)
+    types = [field.dataType.simpleString() for field in schema.fields]
+    if table.num_rows == 0:
+        nulls = [f"CAST(NULL AS {t}) AS {ident(f.name)}" for t, f in zip(types, schema.fields)]
+        return f"(SELECT {', '.join(nulls)} FROM range(0))"
+    slots = [f"c{i}" for i in range(len(types))]
+    casts = [f"CAST({c} AS {t}) AS {ident(f.name)}" for c, t, f in zip(slots, types, schema.fields)]
+    cells = [_literals(column) for column in table.columns]
+    rows = pc.binary_join_element_wise(*cells, ", ") if len(cells) > 1 else cells[0]
+    body = "), (".join(rows.to_pylist())
+    return f"(SELECT {', '.join(casts)} FROM VALUES ({body}) AS t({', '.join(slots)}))"
+
+
+def _literals(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    """SQL string literals of a column's values (``NULL`` for nulls)."""
+    text = column if pa.types.is_string(column.type) or pa.types.is_large_string(column.type) \
+        else column.cast(pa.string())
+    text = pc.replace_substring(pc.replace_substring(text, "\\", "\\\\"), "'", "\\'")
+    return pc.fill_null(pc.binary_join_element_wise("'", text, "'", ""), "NULL")
+
+
+def _arrow_table(frame: pd.DataFrame, schema: T.StructType) -> pa.Table:
+    """``frame`` as an Arrow table with the Arrow types of ``schema`` (timestamps truncated to
+    microseconds)."""
     arrow_schema = to_arrow_schema(schema)
     if len(frame) == 0:
-        table = arrow_schema.empty_table()
-    else:
-        table = pa.Table.from_pandas(frame, schema=arrow_schema, preserve_index=False, safe=False)
-    return spark.createDataFrame(table, schema=schema)
+        return arrow_schema.empty_table()
+    return pa.Table.from_pandas(frame, schema=arrow_schema, preserve_index=False, safe=False)
+
+
+def consolidated(frame: pd.DataFrame, names: Sequence[str], diff: str) -> pd.DataFrame:
+    """``frame`` projected onto ``names`` and ``diff``, diffs summed per distinct row, rows
+    whose sum is zero dropped (a fresh index; the columns keep their dtypes).
+
+    Arrow groups the rows, not pandas: pandas hashes strings as C strings, so its
+    ``groupby``, ``duplicated`` and ``factorize`` take ``"b"`` and ``"b\\x00c"`` for one value.
+    """
+    names = list(names)
+    frame = frame.loc[frame[diff] != 0, names + [diff]]
+    if len(frame) <= 1:
+        return frame.reset_index(drop=True)
+    if not names:
+        total = frame[diff].sum()
+        return pd.DataFrame({diff: [total] if total else []}, dtype=frame[diff].dtype)
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    summed = table.group_by(names, use_threads=False).aggregate([(diff, "sum")])
+    out = summed.rename_columns(names + [diff]).to_pandas(integer_object_nulls=True)
+    return out[out[diff] != 0].reset_index(drop=True).astype(frame.dtypes.to_dict())
 
 
 def in_session(frame: DataFrame, spark: SparkSession) -> DataFrame:

@@ -17,7 +17,7 @@ from typing import Any
 from pyspark.sql import types as T
 
 __all__ = ["Kind", "VALUE_TYPES", "kind_of_type", "spark_type", "sql_type", "coerce_value", "kind_of_python_value",
-           "python_type_name", "INT64_MIN", "INT64_MAX", "to_utc_naive", "from_utc_naive"]
+           "python_type_name", "INT64_MIN", "INT64_MAX", "to_utc_naive", "from_utc_naive", "ident"]
 
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
@@ -70,6 +70,11 @@ _SQL_TYPE = {
 def sql_type(kind: Kind) -> str:
     """The Spark SQL type name that stores values of ``kind``."""
     return _SQL_TYPE[kind]
+
+
+def ident(name: str) -> str:
+    """A quoted SQL identifier."""
+    return "`" + name.replace("`", "``") + "`"
 
 
 def kind_of_type(value_type: str) -> Kind:

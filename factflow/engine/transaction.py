@@ -419,7 +419,7 @@ def _attribute_changes(sql: Statement, tx_view: str, attribute: Attribute, curre
         f"UNION ALL SELECT c.`e`, c.`v`, 0L, 0L, c.`{DIFF}` FROM {current} c {_current_filter(tx_view, attribute, entities)}"
     )
     facts = (f"SELECT `e`, `v`, SUM(`n_add`) AS `n_add`, SUM(`n_ret`) AS `n_ret`, SUM(`cur`) AS `cur` "
-             f"FROM ({rows}) GROUP BY `e`, `v`")
+             f"FROM {sql.define(rows)} GROUP BY `e`, `v`")  # a small statement's union: one partition
     both = (f"WHEN `n_add` > 0 AND `n_ret` > 0 THEN concat('{name}: entity ', CAST(`e` AS STRING), ' value ', "
             f"{_text('`v`')}, ' is both asserted and retracted in one transaction')")
     if attribute.semantics == "one":

@@ -28,10 +28,10 @@ from factflow.model.types import ident
 __all__ = ["spark_frame", "values_sql", "in_session", "consolidated", "INLINE_ROWS"]
 
 #: Driver-side relations of at most this many rows enter statements as inline tables
-#: (:func:`values_sql`). Measured on this project's 2-core machine, a relation of 1 to 64
-#: rows of four columns was read about 25 ms sooner inline than through ``createDataFrame``
-#: and a temp view (about 0.035 s against 0.06 s, both including a trivial statement);
-#: at 256 rows the two were even, at 1,024 rows the inline table took twice as long.
+#: (:func:`values_sql`). On this project's 2-core machine (``benchmarks/inline_relations.py``),
+#: a statement reading 1 to 64 rows of four columns ran 15-30 ms sooner with them inline
+#: than through ``createDataFrame`` and a temp view; from 256 rows on it was not reliably
+#: sooner, and at 1,024 rows it was slower.
 INLINE_ROWS = 64
 
 

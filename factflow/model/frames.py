@@ -88,8 +88,9 @@ def consolidated(frame: pd.DataFrame, names: Sequence[str], diff: str) -> pd.Dat
     """``frame`` projected onto ``names`` and ``diff``, diffs summed per distinct row, rows
     whose sum is zero dropped (a fresh index; the columns keep their dtypes).
 
-    Arrow groups the rows, not pandas: pandas hashes strings as C strings, so its
+    Rows with strings are grouped by Arrow: pandas hashes strings as C strings, so its
     ``groupby``, ``duplicated`` and ``factorize`` take ``"b"`` and ``"b\\x00c"`` for one value.
+    Other rows are grouped by pandas, which is faster for small frames.
     """
     names = list(names)
     frame = frame.loc[frame[diff] != 0, names + [diff]]
@@ -98,6 +99,9 @@ def consolidated(frame: pd.DataFrame, names: Sequence[str], diff: str) -> pd.Dat
     if not names:
         total = frame[diff].sum()
         return pd.DataFrame({diff: [total] if total else []}, dtype=frame[diff].dtype)
+    if not any(pd.api.types.is_object_dtype(frame[n]) or pd.api.types.is_string_dtype(frame[n]) for n in names):
+        summed = frame.groupby(names, sort=False, dropna=False, as_index=False)[diff].sum()
+        return summed[summed[diff] != 0].reset_index(drop=True)
     table = pa.Table.from_pandas(frame, preserve_index=False)
     summed = table.group_by(names, use_threads=False).aggregate([(diff, "sum")])
     out = summed.rename_columns(names + [diff]).to_pandas(integer_object_nulls=True)

@@ -445,7 +445,8 @@ def _attribute_changes(sql: Statement, tx_view: str, attribute: Attribute, curre
 def effective_changes(tx_view: str, tx: PreparedTransaction, current: dict[int, str]) -> str | None:
     """SQL of one wide relation with every attribute's effective changes and every error found.
 
-    ``tx_view`` is SQL reading the transaction's rows (see :meth:`PreparedTransaction.relation`); ``current`` maps attribute ids to
+    ``tx_view`` is SQL reading the transaction's rows (see
+    :meth:`PreparedTransaction.relation`); ``current`` maps attribute ids to
     their forward index as of the previous epoch. Columns: ``a, e, <value slots>, _diff,
     err`` (``err`` is NULL on change rows, and the only non-NULL value column is the one
     of the attribute's kind).

@@ -62,7 +62,7 @@ def values_sql(frame: pd.DataFrame, schema: T.StructType) -> str:
     slots = [f"c{i}" for i in range(len(types))]
     casts = [f"CAST({c} AS {t}) AS {ident(f.name)}" for c, t, f in zip(slots, types, schema.fields)]
     cells = [_literals(column) for column in table.columns]
-    rows = pc.binary_join_element_wise(*cells, ", ") if len(cells) > 1 else cells[0]
+    rows = pc.binary_join_element_wise(*cells, ", ")
     body = "), (".join(rows.to_pylist())
     return f"(SELECT {', '.join(casts)} FROM VALUES ({body}) AS t({', '.join(slots)}))"
 

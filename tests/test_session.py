@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 import tomllib
+import zipfile
+import zipimport
 from pathlib import Path
 
 import pytest
@@ -106,3 +108,47 @@ def test_python_workers_fork_from_a_daemon_that_loaded_the_probe_modules(spark):
 
     parents = {r.parent for r in spark.range(2).mapInArrow(parent, "parent STRING").collect()}
     assert parents and all("factflow.engine.worker_daemon" in p for p in parents)
+
+
+def test_a_workers_zip_importers_reread_an_archive_only_when_it_changed(tmp_path):
+    """The daemon's ``zipimporter.invalidate_caches`` (which Spark's worker calls before every
+    task) re-reads an archive only after it changed; unchanged, the importer keeps what it read."""
+    from factflow.engine import worker_daemon
+
+    archive = tmp_path / "lib.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        z.writestr("one.py", "X = 1\n")
+    importer = zipimport.zipimporter(str(archive))
+    importer.invalidate_caches()
+    read = importer._files
+    importer.invalidate_caches()
+    assert importer._files is read  # unchanged: not read again
+    with zipfile.ZipFile(archive, "a") as z:
+        z.writestr("two.py", "Y = 2\n")
+    os.utime(archive, ns=(0, 0))  # a new modification time even where the clock is coarse
+    importer.invalidate_caches()
+    assert "two.py" in importer._files and importer._files is not read
+    archive.unlink()
+    importer.invalidate_caches()  # an archive gone: emptied as Python's own method does
+    assert importer._files == {}
+    assert zipimport.zipimporter.invalidate_caches is worker_daemon._reread_when_changed
+
+
+def test_a_task_finds_the_zip_importers_of_its_worker_stamped(spark):
+    """In a Spark task, every zip importer on the path was stamped by the daemon's method: the
+    task's set-up did not re-read pyspark.zip (0.2-0.3 s per task before)."""
+
+    def stamped(batches):
+        import sys
+        import zipimport
+
+        import pyarrow as pa
+
+        for _ in batches:
+            pass
+        importers = [f for f in sys.path_importer_cache.values() if isinstance(f, zipimport.zipimporter)]
+        ok = bool(importers) and all(getattr(f, "_factflow_stamp", None) for f in importers)
+        yield pa.RecordBatch.from_pydict({"ok": [ok], "importers": [len(importers)]})
+
+    rows = spark.range(2).mapInArrow(stamped, "ok BOOLEAN, importers BIGINT").collect()
+    assert rows and all(r.ok for r in rows), rows

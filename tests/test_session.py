@@ -110,28 +110,30 @@ def test_python_workers_fork_from_a_daemon_that_loaded_the_probe_modules(spark):
     assert parents and all("factflow.engine.worker_daemon" in p for p in parents)
 
 
-def test_a_workers_zip_importers_reread_an_archive_only_when_it_changed(tmp_path):
+def test_a_workers_zip_importers_reread_an_archive_only_when_it_changed(tmp_path, monkeypatch):
     """The daemon's ``zipimporter.invalidate_caches`` (which Spark's worker calls before every
     task) re-reads an archive only after it changed; unchanged, the importer keeps what it read."""
     from factflow.engine import worker_daemon
 
+    assert zipimport.zipimporter.invalidate_caches is worker_daemon._reread_when_changed
+    reads = []
+    reread = worker_daemon._reread
+    monkeypatch.setattr(worker_daemon, "_reread", lambda importer: reads.append(1) or reread(importer))
     archive = tmp_path / "lib.zip"
     with zipfile.ZipFile(archive, "w") as z:
         z.writestr("one.py", "X = 1\n")
     importer = zipimport.zipimporter(str(archive))
     importer.invalidate_caches()
-    read = importer._files
     importer.invalidate_caches()
-    assert importer._files is read  # unchanged: not read again
+    assert len(reads) == 1  # unchanged: not read again
     with zipfile.ZipFile(archive, "a") as z:
         z.writestr("two.py", "Y = 2\n")
     os.utime(archive, ns=(0, 0))  # a new modification time even where the clock is coarse
     importer.invalidate_caches()
-    assert "two.py" in importer._files and importer._files is not read
+    assert len(reads) == 2 and importer.find_spec("two") is not None
     archive.unlink()
-    importer.invalidate_caches()  # an archive gone: emptied as Python's own method does
-    assert importer._files == {}
-    assert zipimport.zipimporter.invalidate_caches is worker_daemon._reread_when_changed
+    importer.invalidate_caches()  # an archive gone: read again, as Python's own method does
+    assert len(reads) == 3 and importer.find_spec("one") is None
 
 
 def test_a_task_finds_the_zip_importers_of_its_worker_stamped(spark):

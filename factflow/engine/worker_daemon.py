@@ -12,10 +12,10 @@ forked workers share them. Sessions factflow creates use it (``spark.python.daem
 see :mod:`factflow.engine.session`).
 
 Every Python task also begins with ``importlib.invalidate_caches()`` (Spark's worker calls
-it after adding the task's files to the path). Up to Python 3.12, that makes every
-``zipimporter`` re-read its archive's whole directory, and Spark imports ``pyspark`` from
-``pyspark.zip``: one importer per imported subpackage, each re-reading the archive's 1,300
-entries. On this machine that was 0.2-0.3 s before every task's first row, reused worker or
+it after adding the task's files to the path). Since Python 3.10 that makes every
+``zipimporter`` re-read its archive's whole directory (CPython issue gh-103200; so in the
+3.11 used here), and Spark imports ``pyspark`` from ``pyspark.zip``: one importer per
+imported subpackage, each re-reading the archive's 1,300 entries. On this machine that was 0.2-0.3 s before every task's first row, reused worker or
 not, for each worker a task chains (a probe statement's task runs one per probe). Here an
 importer re-reads its archive only when the file changed since it last read it (its
 modification time or size), so an unchanged archive costs a ``stat`` per importer.

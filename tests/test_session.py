@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from factflow import FactflowError
+from factflow import FactflowError, workers
 from factflow.cli import main as cli
 from factflow.engine import session
 
@@ -111,14 +111,14 @@ def test_python_workers_fork_from_a_daemon_that_loaded_the_probe_modules(spark):
 
 
 def test_a_workers_zip_importers_reread_an_archive_only_when_it_changed(tmp_path, monkeypatch):
-    """The daemon's ``zipimporter.invalidate_caches`` (which Spark's worker calls before every
-    task) re-reads an archive only after it changed; unchanged, the importer keeps what it read."""
-    from factflow.engine import worker_daemon
-
-    assert zipimport.zipimporter.invalidate_caches is worker_daemon._reread_when_changed
+    """A prepared worker's ``zipimporter.invalidate_caches`` (which Spark's worker calls before
+    every task) re-reads an archive only after it changed; unchanged, the importer keeps what it read."""
+    monkeypatch.setattr(zipimport.zipimporter, "invalidate_caches", zipimport.zipimporter.invalidate_caches)
+    workers.prepare()
+    assert zipimport.zipimporter.invalidate_caches is workers._reread_when_changed
     reads = []
-    reread = worker_daemon._reread
-    monkeypatch.setattr(worker_daemon, "_reread", lambda importer: reads.append(1) or reread(importer))
+    reread = workers._reread
+    monkeypatch.setattr(workers, "_reread", lambda importer: reads.append(1) or reread(importer))
     archive = tmp_path / "lib.zip"
     with zipfile.ZipFile(archive, "w") as z:
         z.writestr("one.py", "X = 1\n")
@@ -154,3 +154,31 @@ def test_a_task_finds_the_zip_importers_of_its_worker_stamped(spark):
 
     rows = spark.range(2).mapInArrow(stamped, "ok BOOLEAN, importers BIGINT").collect()
     assert rows and all(r.ok for r in rows), rows
+
+
+def test_the_workers_of_a_session_factflow_did_not_create_are_prepared_by_its_tasks():
+    """A session made without factflow's daemon: after a factflow task (the warm-up's) has run
+    in a worker, its later tasks find their zip importers stamped (no re-reads)."""
+    script = ("import pyarrow as pa\n"
+              "from pyspark.sql import SparkSession\n"
+              "from factflow.engine.warmup import _nothing\n"
+              "s = SparkSession.builder.master('local[1]').getOrCreate()\n"
+              "def stamped(batches):\n"
+              "    import sys, zipimport\n"
+              "    for _ in batches:\n"
+              "        pass\n"
+              "    found = [f for f in sys.path_importer_cache.values() if isinstance(f, zipimport.zipimporter)]\n"
+              "    yield pa.RecordBatch.from_pydict({'ok': [bool(found) and all(\n"
+              "        getattr(f, '_factflow_stamp', None) for f in found)]})\n"
+              "one = s.range(0, 1, 1, 1)\n"
+              "before = one.mapInArrow(stamped, 'ok BOOLEAN').collect()[0].ok\n"
+              "one.mapInArrow(_nothing, 'id BIGINT').collect()\n"
+              "after = one.mapInArrow(stamped, 'ok BOOLEAN').collect()[0].ok\n"
+              "print('STAMPED', before, after)\n"
+              "s.stop()\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("FACTFLOW_SPARK_LOG", "SPARK_LOCAL_IP")}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    env["PYSPARK_PYTHON"] = sys.executable
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert "STAMPED False True" in run.stdout, run.stdout

@@ -41,6 +41,7 @@ import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 from pyspark.sql import types as T
 
+from factflow import workers
 from factflow.model.types import Kind, spark_type
 
 __all__ = ["KEY_HASH", "PROBE_HASH", "TRACE_DIFF", "hash_sql", "write_index", "remove_index", "Probe",
@@ -101,6 +102,7 @@ class _IndexWriter:
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
 
+        workers.prepare()
         context = TaskContext.get()
         part = context.partitionId() if context is not None else 0
         path = os.path.join(self.directory, f"part-{part:05d}.arrow")
@@ -198,6 +200,7 @@ class Probe:
     # -------------------------------------------------------------- task side
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """Probe every batch of prefix rows (runs inside a Spark task)."""
+        workers.prepare()
         target = arrow_schema(self.output)
         for batch in batches:
             if batch.num_rows == 0:

@@ -59,7 +59,9 @@ def _warm(spark: SparkSession, pool: str | None) -> None:
 def _nothing(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """The task side: load what probes and index writes use, consume the input, emit nothing."""
     import factflow.arrangement.index  # noqa: F401 - what the first probe or index write imports
+    from factflow import workers
 
+    workers.prepare()
     for _ in batches:
         pass
     return iter(())

@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from factflow import workers
 from factflow.model.types import Kind, spark_type
 from factflow.storage.files import fsync_dir, write_atomic
 
@@ -105,6 +106,7 @@ class _TaskWriter:
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
 
+        workers.prepare()
         context = TaskContext.get()
         part = context.partitionId() if context is not None else 0
         rows = [b for b in batches if b.num_rows]

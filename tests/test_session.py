@@ -78,15 +78,23 @@ def test_the_package_metadata_uses_an_spdx_license():
     assert "engine/log4j2.properties" in project["tool"]["setuptools"]["package-data"]["factflow"]
 
 
+def _run_python(script: str, **env: str) -> subprocess.CompletedProcess:
+    """Run ``script`` in a new Python process that imports this checkout's factflow, without
+    the caller's ``FACTFLOW_SPARK_LOG`` and ``SPARK_LOCAL_IP`` and with ``env``; it must succeed."""
+    base = {k: v for k, v in os.environ.items() if k not in ("FACTFLOW_SPARK_LOG", "SPARK_LOCAL_IP")}
+    base["PYTHONPATH"] = os.pathsep.join([str(ROOT), base.get("PYTHONPATH", "")])
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env={**base, **env},
+                         timeout=300)
+    assert run.returncode == 0, run.stderr
+    return run
+
+
 def test_a_created_session_starts_without_spark_chatter():
     script = ("from factflow import create_session\n"
               "s = create_session('local[1]')\n"
               "assert s.range(3).count() == 3\n"
               "s.stop()\n")
-    env = {k: v for k, v in os.environ.items() if k not in ("FACTFLOW_SPARK_LOG", "SPARK_LOCAL_IP")}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
-    assert run.returncode == 0, run.stderr
+    run = _run_python(script)
     # the JVM itself announces the incubator module Spark's launcher adds; nothing else may print
     lines = [line for line in (run.stdout + run.stderr).splitlines()
              if line.strip() and line != "WARNING: Using incubator modules: jdk.incubator.vector"]
@@ -176,9 +184,5 @@ def test_the_workers_of_a_session_factflow_did_not_create_are_prepared_by_its_ta
               "after = one.mapInArrow(stamped, 'ok BOOLEAN').collect()[0].ok\n"
               "print('STAMPED', before, after)\n"
               "s.stop()\n")
-    env = {k: v for k, v in os.environ.items() if k not in ("FACTFLOW_SPARK_LOG", "SPARK_LOCAL_IP")}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    env["PYSPARK_PYTHON"] = sys.executable
-    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
-    assert run.returncode == 0, run.stderr
+    run = _run_python(script, PYSPARK_PYTHON=sys.executable)
     assert "STAMPED False True" in run.stdout, run.stdout

@@ -55,6 +55,18 @@ def test_a_driver_factflow_starts_exits_when_out_of_memory(spark):
     assert options.endswith("-XX:+ExitOnOutOfMemoryError") and "log4j2.configurationFile" in options
 
 
+def test_a_session_factflow_starts_sorts_in_small_pages_and_bounds_its_parser_cache(engine):
+    """Spark keeps a finished sort's last page alive (in a thread-local of its task thread)
+    and the SQL parser's cache grows with every new statement: a long test run held over
+    1.1 GiB of a 2 GiB driver heap in the two. See factflow.engine.session."""
+    spark = engine.spark
+    jvm = spark.sparkContext._jvm
+    assert jvm.org.apache.spark.SparkEnv.get().memoryManager().pageSizeBytes() == 2 * 1024 * 1024
+    sql_conf = spark._jsparkSession.sessionState().conf()
+    assert sql_conf.manageParserCaches()
+    assert sql_conf.parserDfaCacheFlushRatio() == 10
+
+
 def test_the_spark_log_level_comes_from_the_environment(clean_env):
     assert session._log_level("ERROR") == "ERROR"
     clean_env.setenv("FACTFLOW_SPARK_LOG", "info")

@@ -41,8 +41,14 @@ __all__ = ["DEFAULT_SPARK_CONF", "REQUIRED_SQL_CONF", "LOG_LEVEL_VARIABLE", "acq
 #: propagation is off because Spark 4.1 fails on it ("key not found" while rewriting a
 #: Union's constraints) for the statements factflow generates over checkpointed batches,
 #: and because inferring constraints over plans of hundreds of operators costs planning time.
+#: Spark's SQL parser (ANTLR) caches what it learns from every statement and never forgets
+#: by default; an engine's statements differ from epoch to epoch (inline rows, new batches),
+#: and over a long run the cache grew past 500 MB of a 2 GiB driver heap. Spark then
+#: manages it instead and empties it once its estimate passes 10% of the driver's memory.
 REQUIRED_SQL_CONF = {
     "spark.sql.constraintPropagation.enabled": "false",
+    "spark.sql.parser.manageParserCaches": "true",
+    "spark.sql.parser.parserDfaCacheFlushRatio": "10",
 }
 
 _POOLS = Path(__file__).resolve().with_name("fairscheduler.xml")
@@ -60,6 +66,10 @@ _POOLS = Path(__file__).resolve().with_name("fairscheduler.xml")
 #: an epoch's tasks take free task slots before those of background merges
 #: (``fairscheduler.xml``, :mod:`factflow.engine.maintenance`). Python workers fork from a
 #: daemon that has loaded what probes import (:mod:`factflow.engine.worker_daemon`).
+#: Sorts allocate memory pages of 2 MiB instead of Spark's default for this heap (32 MiB):
+#: Spark 4.1 keeps the sorter of each finished sort in a thread-local of the task thread
+#: that ran it, and a sorter keeps its last page, so a long run held hundreds of MiB of
+#: pages of sorts long finished (and every small sort allocated and zeroed 32 MiB).
 DEFAULT_SPARK_CONF = {
     "spark.ui.enabled": "false",
     "spark.driver.maxResultSize": "512m",
@@ -71,6 +81,7 @@ DEFAULT_SPARK_CONF = {
     "spark.sql.adaptive.enabled": "false",
     "spark.log.structuredLogging.enabled": "false",
     "spark.driver.memory": "2g",
+    "spark.buffer.pageSize": "2m",
     "spark.cleaner.periodicGC.interval": "1min",
     "spark.sql.autoBroadcastJoinThreshold": str(32 * 1024 * 1024),
     "spark.scheduler.mode": "FAIR",

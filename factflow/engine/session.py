@@ -43,7 +43,7 @@ __all__ = ["DEFAULT_SPARK_CONF", "REQUIRED_SQL_CONF", "LOG_LEVEL_VARIABLE", "acq
 #: and because inferring constraints over plans of hundreds of operators costs planning time.
 #: Spark's SQL parser (ANTLR) caches what it learns from every statement and never forgets
 #: by default; an engine's statements differ from epoch to epoch (inline rows, new batches),
-#: and over a long run the cache grew past 500 MB of a 2 GiB driver heap. Spark then
+#: and over a long run the cache grew to about 450 MB of a 2 GiB driver heap. Spark then
 #: manages it instead and empties it once its estimate passes 10% of the driver's memory.
 REQUIRED_SQL_CONF = {
     "spark.sql.constraintPropagation.enabled": "false",

@@ -58,7 +58,7 @@ def test_a_driver_factflow_starts_exits_when_out_of_memory(spark):
 def test_a_session_factflow_starts_sorts_in_small_pages_and_bounds_its_parser_cache(engine):
     """Spark keeps a finished sort's last page alive (in a thread-local of its task thread)
     and the SQL parser's cache grows with every new statement: a long test run held over
-    1.1 GiB of a 2 GiB driver heap in the two. See factflow.engine.session."""
+    1.1 GB of a 2 GiB driver heap in the two. See factflow.engine.session."""
     spark = engine.spark
     jvm = spark.sparkContext._jvm
     assert jvm.org.apache.spark.SparkEnv.get().memoryManager().pageSizeBytes() == 2 * 1024 * 1024

@@ -1,9 +1,10 @@
 """Plans as plain data (factflow.planner.plan): planned without Spark, compared, serialized, installed.
 
 Most tests plan against a Schema and RuleStore built in Python, with the allocating
-classes patched to fail: planning must touch none of them. The last test installs plans
-in a real engine: ``Engine.plan`` equals ``Query.plan``, results match the brute-force
-oracle, and an install that fails midway leaves no handle, trace, view or shared rule.
+classes patched to fail: planning must touch none of them. The last tests install plans
+in a real engine: ``Engine.plan`` equals ``Query.plan``, ``Engine.query(plan)`` installs the
+plan it is given or refuses it, results match the brute-force oracle, and an install that
+fails midway leaves no handle, trace, view or shared rule.
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ from collections import Counter
 
 import pytest
 
-from factflow import QueryError
+from factflow import Engine, QueryError
 from factflow.arrangement import attribute as attribute_module
 from factflow.arrangement import trace as trace_module
 from factflow.engine import allocation as allocation_module
+from factflow.lang.parser import parse_query
 from factflow.lang.rules import RuleStore
 from factflow.model.schema import Schema
 from factflow.planner.plan import Plan
@@ -241,3 +243,56 @@ def test_engine_plan_is_the_installed_plan_and_a_failed_install_holds_nothing(en
     again.close()
     q.close()
     assert held(engine) == baseline
+
+
+def test_a_plan_is_installed_as_given_any_number_of_times_and_refused_from_an_engine_planning_otherwise(engine):
+    """``Engine.query(plan)``: the plan object stays unbound and installs twice; a plan with
+    arguments beside it, one without text, and one another engine's rules made different are
+    refused without a trace; one from an engine with the same schema and rules installs."""
+    oracle = Oracle()
+    for name, kind, semantics in ATTRIBUTES[:4]:
+        engine.create_attribute(name, type=kind, semantics=semantics)
+        oracle.create_attribute(name, kind, semantics)
+    engine.register(RULES)
+    oracle.register(RULES)
+    facts = [[":db/add", 1, ":age", 30], [":db/add", 2, ":age", 12], [":db/add", 3, ":age", 18],
+             [":db/add", 1, ":name", "ann"], [":db/add", 3, ":name", "cy"], [":db/add", 1, ":e", 3]]
+    engine.transact(facts)
+    oracle.transact(facts)
+    text, inputs = "[:find ?n :in $ [?x ...] :where (adult ?p) [?p :name ?n] [?x :e ?p]]", [[1, 2]]
+    planned = engine.plan(text, inputs=inputs, join="delta")
+    data = planned.to_data()
+    assert planned.source.query == text and planned.source.inputs == (inputs[0],) and planned.source.join == "delta"
+
+    before = held(engine)
+    first = engine.query(planned, name="first")
+    second = engine.query(planned, name="second")
+    assert first.plan == planned == second.plan and first.plan is not planned
+    assert planned.to_data() == data and planned.result.writer is None  # the plan given stays unbound
+    engine.transact([[":db/add", 2, ":age", 40], [":db/add", 2, ":name", "bo"], [":db/add", 1, ":e", 2]])
+    oracle.transact([[":db/add", 2, ":age", 40], [":db/add", 2, ":name", "bo"], [":db/add", 1, ":e", 2]])
+    expected = oracle.query(text, inputs)
+    assert Counter(first.rows()) == Counter(second.rows()) == expected and expected
+
+    baseline = held(engine)
+    with pytest.raises(QueryError, match="give none of them"):
+        engine.query(planned, name="third", inputs=inputs)
+    with pytest.raises(QueryError, match="only a plan made by Engine.plan"):
+        engine.query(plan_query(parse_query(text), engine.schema, engine.rules, inputs), name="third")
+    other, same = Engine(spark=engine.spark), Engine(spark=engine.spark)
+    try:
+        for each, rules in ((other, RULES.replace("18", "21")), (same, RULES)):  # adults from 21 on; the same
+            for name, kind, semantics in ATTRIBUTES[:4]:
+                each.create_attribute(name, type=kind, semantics=semantics)
+            each.register(rules)
+        with pytest.raises(QueryError, match="not this engine's plan"):
+            engine.query(other.plan(text, inputs=inputs, join="delta"), name="third")
+        assert held(engine) == baseline and "third" not in engine.queries
+        third = engine.query(same.plan(text, inputs=inputs, join="delta"), name="third")
+    finally:
+        other.close()
+        same.close()
+    assert Counter(third.rows()) == expected
+    for q in (first, second, third):
+        q.close()
+    assert held(engine) == before

@@ -429,14 +429,18 @@ class Engine:
         self._maintenance.wait()
 
     # ------------------------------------------------------------ queries
-    def query(self, query: str, name: str | None = None, inputs: Sequence[Any] = (), join: str = "auto",
+    def query(self, query: str | Plan, name: str | None = None, inputs: Sequence[Any] = (), join: str = "auto",
               semantics: str = "set", sink: Sink | Sequence[Sink] = (), granularity: float | None = None,
               durable: bool = False, introspect: bool = True, slack: int = 0) -> Query:
         """Register and install a query (interest): its dataflow reads the state as of now.
 
         ``inputs`` supply the ``:in`` bindings after ``$``; ``join`` picks the join strategy
         (auto, binary, delta, wco); ``semantics`` is ``set`` (Datomic) or ``multiset``
-        (derivation counts). ``sink`` (one :class:`~factflow.io.sinks.Sink` or several)
+        (derivation counts). ``query`` may also be a :class:`Plan` from :meth:`plan`, which
+        carries its text, inputs, join and semantics (give none of them again): the plan is
+        installed as it is, or refused with a QueryError when it is not this engine's plan of
+        its text (one made by an engine with another schema or other rules); the plan object
+        stays unbound and can be installed again under another name. ``sink`` (one :class:`~factflow.io.sinks.Sink` or several)
         writes the result's changes to directories (see :meth:`Query.write_to`);
         ``granularity`` (seconds) delivers them to subscribers and sinks at most once per
         window (see :mod:`factflow.engine.granularity`).
@@ -458,26 +462,33 @@ class Engine:
         """
         sinks, seconds = sinks_of(sink), window_seconds(granularity)
         check_slack(slack, f"query {name or '(unnamed)'}")
+        expected = None
+        if isinstance(query, Plan):
+            expected = query
+            query, inputs, join, semantics = _source_of(query, name, inputs, join, semantics)
         self._before_command()
-        handle = self._query(query, name, inputs, join, semantics, sinks, seconds, durable, introspect, slack)
+        handle = self._query(query, name, inputs, join, semantics, sinks, seconds, durable, introspect, slack,
+                             expected)
         self._maintenance.run()
         return handle
 
     def _query(self, query: str, name: str | None, inputs: Sequence[Any], join: str, semantics: str,
-               sinks: Sequence[Sink], seconds: float | None, durable: bool, introspect: bool, slack: int) -> Query:
+               sinks: Sequence[Sink], seconds: float | None, durable: bool, introspect: bool, slack: int,
+               expected: Plan | None = None) -> Query:
         with self._lock:
             self._check_open()
+            planned = self._planned(query, inputs, join, semantics, expected, name)
             if not durable:
-                return self._install(query, name, inputs, join, semantics, sinks, seconds, introspect, slack)
+                return self._install(query, name, inputs, join, semantics, sinks, seconds, introspect, slack, planned)
             if self._durability is None:
                 raise StorageError("durable=True needs an engine with a state_dir: there is nowhere to keep the query")
             definition = QueryDefinition.of(name or "", query, inputs, join, semantics, sinks, seconds, introspect,
                                             slack)
             handle = self._state.queries.get(name) if name else None
-            fresh = handle is None or not (handle.definition.same_settings(definition)
-                                           and handle.plan == self.plan(query, inputs, join, semantics))
+            fresh = handle is None or not (handle.definition.same_settings(definition) and handle.plan == planned)
             if fresh:
-                handle = self._install(query, name, inputs, join, semantics, sinks, seconds, introspect, slack)
+                handle = self._install(query, name, inputs, join, semantics, sinks, seconds, introspect, slack,
+                                       planned)
             elif handle.durable:
                 return handle
             try:  # a new query, or the same query installed without durable=True: it becomes durable
@@ -513,12 +524,22 @@ class Engine:
             self._check_open()
             return plan_query(query, self.schema, self.rules, inputs, join, semantics, self._state.shared)
 
+    def _planned(self, query: str, inputs: Sequence[Any], join: str, semantics: str, expected: Plan | None,
+                 name: str | None) -> Plan:
+        """The query planned now; a QueryError when that plan is not ``expected`` (when given)."""
+        plan = self.plan(query, inputs, join, semantics)
+        if expected is not None and plan != expected:
+            raise QueryError(f"query {name or '(unnamed)'}: the plan given is not this engine's plan of its query "
+                             "(it was planned against another schema or other rules); plan the query on this engine")
+        return plan
+
     def _install(self, query: str, name: str | None, inputs: Sequence[Any], join: str, semantics: str,
                  sinks: Sequence[Sink] = (), seconds: float | None = None, introspect: bool = True,
-                 slack: int = 0) -> Query:
+                 slack: int = 0, plan: Plan | None = None) -> Query:
+        """Install the query: ``plan`` (planned just now, never installed) or its text planned now."""
         name = self._state.query_name(name)
-        dataflow = install(self._state, self.plan(query, inputs, join, semantics), name,
-                           f"factflow-{self._id}-install")
+        plan = plan if plan is not None else self.plan(query, inputs, join, semantics)
+        dataflow = install(self._state, plan, name, f"factflow-{self._id}-install")
         definition = QueryDefinition(dataflow.name, query, tuple(inputs), join, semantics, (), seconds, introspect,
                                      slack)
         handle = Query(self, dataflow, self._state.epoch, self._lock, definition)
@@ -653,3 +674,15 @@ class Engine:
     def __exit__(self, *exc) -> None:
         self.close()
 
+
+def _source_of(plan: Plan, name: str | None, inputs: Sequence[Any], join: str,
+               semantics: str) -> tuple[str, Sequence[Any], str, str]:
+    """The text, inputs, join and semantics a plan was planned from (see :meth:`Engine.plan`);
+    a QueryError when the caller gave any of them again, or the plan has no text to keep."""
+    source = plan.source
+    label = f"query {name or '(unnamed)'}"
+    if source is None or not isinstance(source.query, str):
+        raise QueryError(f"{label}: only a plan made by Engine.plan (from query text) can be installed")
+    if tuple(inputs) or join != "auto" or semantics != "set":
+        raise QueryError(f"{label}: a plan carries its inputs, join and semantics; give none of them with it")
+    return source.query, source.inputs, source.join, plan.semantics

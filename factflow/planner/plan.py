@@ -13,22 +13,30 @@ and serializable (``json.dumps(plan.to_data())``). Column names and trace labels
 numbered deterministically per owner, so the same text, inputs, strategy and semantics
 planned against the same schema and rules give equal plans, whether or not the shared
 rules they read are installed yet; the query's name is not part of its plan.
+
+A plan also keeps what it was planned from (:attr:`Plan.source`: the text, inputs and
+join strategy asked for), outside its data: ``Engine.query(plan)`` plans the source on
+that engine and installs the result only when it equals the plan given. So a plan made by
+an engine with another schema or other rules is refused, a plan made by another engine
+with the same ones is installed, and the plan object itself is never bound to Spark state:
+it can be installed again, under another name or on another engine.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from typing import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
 
 from factflow.dataflow.nodes import Node, Stateful
 from factflow.dataflow.recursion import Fixpoint
 from factflow.edn import Keyword
-from factflow.lang.ast import FindElement
+from factflow.lang.ast import FindElement, Query
 from factflow.planner.pull import PullField, PullPlan
 from factflow.planner.shared import SharedRule
 
-__all__ = ["Plan"]
+__all__ = ["Plan", "PlanSource"]
 
 #: the version of the layout :meth:`Plan.to_data` writes
 FORMAT = 1
@@ -63,6 +71,16 @@ def _pull(pull: PullPlan, ref: Callable[[Node], int]) -> dict:
                       for keys, path in pull.paths.items()]}
 
 
+@dataclass(frozen=True)
+class PlanSource:
+    """What a plan was planned from: the query (text or parsed form), the values of its
+    ``:in`` bindings and the join strategy asked for (the semantics is in the plan)."""
+
+    query: str | Query
+    inputs: tuple[Any, ...]
+    join: str
+
+
 class Plan:
     """The planned dataflow of a query: its operators (with slots), result, ``:find``,
     strategies and the shared rules it reads; equal to another plan exactly when their
@@ -91,6 +109,8 @@ class Plan:
                                       .values())
         self.stateful: list[Node] = [n for n in self.nodes if isinstance(n, (Stateful, Fixpoint))]
         self._fingerprint: str | None = None
+        #: what the plan was planned from (set by :func:`~factflow.planner.synthesis.plan_query`)
+        self.source: PlanSource | None = None
 
     def pull_nodes(self) -> list[Stateful]:
         """The stateful operators of every pull stage (see :mod:`factflow.planner.pull`)."""

@@ -24,7 +24,7 @@ from factflow.lang.rules import RuleStore
 from factflow.model.schema import Schema
 from factflow.planner.conjunction import Scope, pattern_kinds, plan_conjunction
 from factflow.planner.context import PlanContext
-from factflow.planner.plan import Plan
+from factflow.planner.plan import Plan, PlanSource
 from factflow.planner.pull import PullPlan, plan_pull
 from factflow.planner.relations import binding_rows, static_relation
 from factflow.planner.shared import SharedRules
@@ -101,7 +101,9 @@ def plan_query(query: str | Query, schema: Schema, rules: RuleStore, inputs: Seq
         raise QueryError(f"semantics must be 'set' or 'multiset', not {semantics!r}")
     parsed = parse_query(query) if isinstance(query, str) else query
     pc = PlanContext(schema, rules, semantics, requested_strategy(join), shared_rules)
-    return _synthesize(parsed, tuple(inputs), pc, join)
+    plan = _synthesize(parsed, tuple(inputs), pc, join)
+    plan.source = PlanSource(query, tuple(inputs), join)
+    return plan
 
 
 def _plan(pc: PlanContext, result: Stateful, find: list, strategy: str, join: str, find_kind: str,

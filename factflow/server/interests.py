@@ -73,18 +73,18 @@ class Interests:
         if durable and not self.engine.durable:
             raise ProtocolError("unsupported", "durable interests need a server with a state directory "
                                 "(factflow serve --state-dir DIR)")
-        identity = self.engine.plan(text, inputs=inputs, join=join).fingerprint()
+        plan = self.engine.plan(text, inputs=inputs, join=join)
+        identity = plan.fingerprint()
         name = name or "q-" + identity[:12]
         shared = self._queries.get(name)
         if shared is None:
-            shared = self._share(identity, self.engine.query(text, name=name, inputs=inputs, join=join,
-                                                             durable=durable))
+            shared = self._share(identity, self.engine.query(plan, name=name, durable=durable))
         elif shared.identity != identity:
             raise ProtocolError("conflict", f"a different query is installed under the name {name!r}")
         elif listener.client_id in shared.listeners:
             raise ProtocolError("conflict", f"already interested in {name!r}")
         elif durable and not shared.query.durable:
-            self.engine.query(text, name=name, inputs=inputs, join=join, durable=True)
+            self.engine.query(plan, name=name, durable=True)
         shared.listeners[listener.client_id] = listener
         listener.queries.add(name)
         current = list(shared.query.rows().items())

@@ -2,20 +2,17 @@
 
 Index files are written here the way Spark writes them (rows sorted by a key hash); the
 hash is any 64-bit function of the key, so collisions can be forced on purpose: a probe
-must match rows by their key, the hash only narrows the search. A chain of probes hashes
-its keys itself, so its files are hashed as Spark hashes them (``hash_longs``; that it
-equals Spark's ``xxhash64`` is checked against Spark in test_indexed_traces.py).
+must match rows by their key, the hash only narrows the search.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 
-import numpy as np
 import pyarrow as pa
 import pytest
 
-from factflow.arrangement.index import KEY_HASH, PROBE_HASH, Probe, ProbeChain, arrow_schema, hash_longs
+from factflow.arrangement.index import KEY_HASH, PROBE_HASH, Probe, arrow_schema
 from factflow.model.types import Kind
 
 TRACE = [("e", Kind.LONG), ("v", Kind.STRING)]
@@ -122,47 +119,3 @@ def test_string_and_instant_keys_of_any_content(tmp_path):
                  hash_on=[("k", "e")], join_on=[("k", "e")], values=[("v", "when")], as_of=5)
     got = run(spec, prefix([(k, 1) for k in keys] + [("absent", 1)], columns))
     assert got == sorted((k, 1, when, 1) for k in keys)
-
-
-def write_edges(path, rows):
-    """An index file of ``:e``-like updates (e, v, t, diff) between entity ids, sorted by
-    Spark's hash of e as :func:`hash_longs` computes it (what a chain probes with)."""
-    schema = arrow_schema(EDGE + [("_t", Kind.LONG), ("_diff", Kind.LONG)]).append(pa.field(KEY_HASH, pa.int64()))
-    columns = list(zip(*rows)) if rows else [[], [], [], []]
-    table = pa.table({"e": columns[0], "v": columns[1], "_t": columns[2], "_diff": columns[3],
-                      KEY_HASH: hash_longs([np.array(columns[0], dtype=np.int64)])}, schema=schema)
-    table = table.sort_by(KEY_HASH)
-    with pa.ipc.new_file(str(path), table.schema) as writer:
-        writer.write_table(table)
-    return str(path)
-
-
-EDGE = [("e", Kind.LONG), ("v", Kind.LONG)]
-EDGE_SCHEMA = arrow_schema(EDGE + [("_t", Kind.LONG), ("_diff", Kind.LONG)])
-
-
-def step(paths, prefix_columns, key, out, as_of=10, local=()):
-    """A chainable lookup: the prefix's ``key`` column is e, the trace's v comes out as ``out``."""
-    return Probe(paths=list(paths), local=list(local), trace_schema=EDGE_SCHEMA,
-                 prefix_columns=[(c, Kind.LONG) for c in prefix_columns] + [("_diff", Kind.LONG)],
-                 hash_on=[(key, "e")], join_on=[(key, "e")], values=[("v", out)], as_of=as_of)
-
-
-def test_a_chain_of_lookups_is_the_join_of_its_steps_with_diffs_multiplied(tmp_path):
-    edges = [(1, 2, 1, 1), (1, 3, 1, 1), (2, 4, 1, 1), (3, 4, 2, 1), (3, 4, 3, 1), (4, 5, 1, 1),
-             (2, 6, 1, 1), (2, 6, 4, -1), (3, 9, 20, 1), (-(2**63), 2**63 - 1, 1, 1), (2**63 - 1, 7, 1, 1)]
-    old, new = write_edges(tmp_path / "old.arrow", edges[:6]), write_edges(tmp_path / "new.arrow", edges[6:])
-    local = pa.Table.from_pydict({"e": [4], "v": [8], "_t": [2], "_diff": [-2]}, schema=EDGE_SCHEMA)
-    chain = ProbeChain([step([old, new], ["a"], "a", "b"), step([old, new], ["a", "b"], "b", "c", local=[local])])
-    assert chain.output == [("a", Kind.LONG), ("b", Kind.LONG), ("_diff", Kind.LONG), ("c", Kind.LONG)]
-    start = pa.Table.from_pydict({"a": [1, 2, 99, -(2**63)], "_diff": [1, 3, 1, 1]},
-                                 schema=arrow_schema([("a", Kind.LONG), ("_diff", Kind.LONG)]))
-    out = pa.Table.from_batches(list(chain(iter(start.to_batches()))), schema=arrow_schema(chain.output))
-    got = sorted(tuple(r.values()) for r in out.to_pylist())
-    # by hand: a=1 reaches b=2 (c=4, c=6 added and retracted by epoch 4) and b=3 (c=4 twice;
-    # c=9 only at epoch 20); b=4 (from a=2) reaches 5, and 8 with diff -2 from the local batch
-    expected = sorted([(1, 2, 1, 4), (1, 2, 1, 6), (1, 2, -1, 6), (1, 3, 1, 4), (1, 3, 1, 4),
-                       (2, 4, 3, 5), (2, 4, -6, 8), (-(2**63), 2**63 - 1, 1, 7)])
-    assert got == expected
-    empty = pa.Table.from_pydict({"a": [], "_diff": []}, schema=start.schema)
-    assert list(chain(iter(empty.to_batches()))) == []

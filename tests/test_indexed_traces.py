@@ -27,21 +27,15 @@ PROBED = [q for q in CATALOG + JOIN_CATALOG if any(s in q[0] for s in (
 
 @pytest.fixture
 def probes(monkeypatch):
-    """Counts the probes Spark tasks ran (through the driver-side entry points): a single
-    probe as its ``how``, a chain as ``chain of N``."""
+    """Counts the probes Spark tasks ran (through the driver-side entry point)."""
     calls = []
-    single, chain = index.Probe.run, index.ProbeChain.run
+    original = index.Probe.run
 
     def counted(self, prefix):
         calls.append(self.how)
-        return single(self, prefix)
-
-    def counted_chain(self, prefix):
-        calls.append(f"chain of {len(self.steps)}")
-        return chain(self, prefix)
+        return original(self, prefix)
 
     monkeypatch.setattr(index.Probe, "run", counted)
-    monkeypatch.setattr(index.ProbeChain, "run", counted_chain)
     return calls
 
 
@@ -64,21 +58,3 @@ def test_a_selective_install_probes_from_its_constant(spark, probes):
         q = db.query("[:find ?b ?c :where [1 :e ?b] [?b :e ?c]]", join="delta")
         assert probes, "the install scanned instead of probing"
         assert q.results() == {(2, 4): 1, (3, 4): 1}
-        probes.clear()
-        three = db.query("[:find ?b ?c ?d :where [1 :e ?b] [?b :e ?c] [?c :e ?d]]", join="delta")
-        assert probes == ["semi", "chain of 2"]  # the constant's probe, then both lookups in one task
-        assert three.results() == {(2, 4, 5): 1, (3, 4, 5): 1}
-
-
-def test_lookups_chained_in_python_hash_keys_as_spark_does(spark):
-    """A chain finds index rows by hashing its keys in numpy; Spark hashed them into the files."""
-    import numpy as np
-
-    rng = np.random.default_rng(11)
-    extremes = [0, 1, -1, 42, 2**31, -(2**31) - 1, 2**63 - 1, -(2**63), 10**15 + 7]
-    a = np.concatenate([np.array(extremes, dtype=np.int64), rng.integers(-(2**63), 2**63 - 1, 2000, dtype=np.int64)])
-    b = rng.permutation(a)
-    frame = spark.createDataFrame([(int(x), int(y)) for x, y in zip(a, b)], "a BIGINT, b BIGINT")
-    spark_one, spark_two = zip(*frame.selectExpr(index.hash_sql(["a"]), index.hash_sql(["a", "b"])).collect())
-    assert list(index.hash_longs([a])) == list(spark_one)
-    assert list(index.hash_longs([a, b])) == list(spark_two)

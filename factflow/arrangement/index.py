@@ -44,8 +44,8 @@ from pyspark.sql import types as T
 from factflow import workers
 from factflow.model.types import Kind, spark_type
 
-__all__ = ["KEY_HASH", "PROBE_HASH", "TRACE_DIFF", "hash_sql", "hash_longs", "write_index", "remove_index",
-           "Probe", "ProbeChain", "arrow_type", "arrow_schema"]
+__all__ = ["KEY_HASH", "PROBE_HASH", "TRACE_DIFF", "hash_sql", "write_index", "remove_index", "Probe",
+           "arrow_type", "arrow_schema"]
 
 KEY_HASH = "_h"
 PROBE_HASH = "_ph"
@@ -75,37 +75,6 @@ def arrow_schema(columns: Sequence[tuple[str, Kind]]) -> pa.Schema:
 def hash_sql(columns: Sequence[str]) -> str:
     """SQL of the 64-bit key hash of ``columns`` (identical for equal values of equal kinds)."""
     return "xxhash64(" + ", ".join("`" + c.replace("`", "``") + "`" for c in columns) + ")"
-
-
-_PRIME = [np.uint64(p) for p in (0x9E3779B185EBCA87, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9,
-                                 0x85EBCA77C2B2AE63, 0x27D4EB2F165667C5)]
-_SPARK_SEED = 42
-
-
-def _rotate_left(x: np.ndarray, bits: int) -> np.ndarray:
-    return (x << np.uint64(bits)) | (x >> np.uint64(64 - bits))
-
-
-def hash_longs(columns: Sequence[np.ndarray]) -> np.ndarray:
-    """:func:`hash_sql` of 64-bit integer columns, computed with numpy (vectorized): Spark's
-    ``xxhash64`` (XXH64 of each value's 8 bytes, seeded with 42 for the first column and
-    with the previous column's hash for the next), so a probe chained in Python finds the
-    rows Spark hashed into the index files."""
-    p1, p2, p3, p4, p5 = _PRIME
-    hashed = np.full(len(columns[0]) if columns else 0, _SPARK_SEED, dtype=np.uint64)
-    with np.errstate(over="ignore"):  # XXH64 works modulo 2**64
-        for column in columns:
-            value = np.ascontiguousarray(column, dtype=np.int64).view(np.uint64)
-            h = hashed + p5 + np.uint64(8)
-            h ^= _rotate_left(value * p2, 31) * p1
-            h = _rotate_left(h, 27) * p1 + p4
-            h ^= h >> np.uint64(33)
-            h *= p2
-            h ^= h >> np.uint64(29)
-            h *= p3
-            h ^= h >> np.uint64(32)
-            hashed = h
-    return hashed.view(np.int64)
 
 
 # ------------------------------------------------------------------ writing
@@ -282,47 +251,6 @@ class Probe:
             joined = joined.set_column(joined.schema.get_field_index(TRACE_DIFF), TRACE_DIFF,
                                        pc.fill_null(joined.column(TRACE_DIFF), 0))
         return joined.select([n for n, _ in self.output])
-
-
-@dataclass
-class ProbeChain:
-    """Lookups chained inside one Spark task: each :class:`Probe` (``how="inner"``, keyed by
-    64-bit integer columns) reads the rows the one before it produced, as a chain of SQL
-    joins would (each step's output is its prefix's columns and values, with ``_diff`` the
-    product of the prefix's and the trace's diffs). The key hash of every step is computed
-    here (:func:`hash_longs`), so the chain is one ``mapInArrow`` over the first prefix
-    instead of a Python worker per lookup, each fed by the SQL of the one before."""
-
-    steps: list[Probe]
-
-    def __post_init__(self) -> None:
-        last = self.steps[-1]
-        self.output = [c for c in last.output if c[0] != TRACE_DIFF]
-
-    def spark_schema(self) -> T.StructType:
-        """The schema of the chain's output rows."""
-        return T.StructType([T.StructField(n, spark_type(k), True) for n, k in self.output])
-
-    def run(self, prefix: DataFrame) -> DataFrame:
-        """The chain as a lazy Spark DataFrame over ``prefix`` (the first step's prefix columns)."""
-        return prefix.mapInArrow(self, self.spark_schema())
-
-    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        """Run every step over each batch of prefix rows (inside a Spark task)."""
-        workers.prepare()
-        target = arrow_schema(self.output)
-        for batch in batches:
-            table = pa.Table.from_batches([batch])
-            for step in self.steps:
-                if table.num_rows == 0:
-                    break
-                keys = [table.column(p).to_numpy() for p, _ in step.hash_on]
-                table = step._probe(table.append_column(PROBE_HASH, pa.array(hash_longs(keys))))
-                product = pc.multiply(table.column(_DIFF), table.column(TRACE_DIFF))
-                table = table.set_column(table.schema.get_field_index(_DIFF), _DIFF, product).drop_columns([TRACE_DIFF])
-            if table.num_rows:
-                for piece in table.select([n for n, _ in self.output]).cast(target).to_batches():
-                    yield piece
 
 
 def _kind_of_arrow(t: pa.DataType) -> Kind:

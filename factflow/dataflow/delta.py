@@ -38,8 +38,7 @@ from factflow.arrangement.batch import DIFF
 from factflow.arrangement.trace import TraceHandle
 from factflow.dataflow import zset
 from factflow.dataflow.context import EpochContext, Version
-from factflow.arrangement.index import Probe
-from factflow.dataflow.lookup import TRACE_DIFF, chainable, probe, run_chain
+from factflow.dataflow.lookup import TRACE_DIFF, probe
 from factflow.dataflow.nodes import Columns, Node, Scan, Stateful, Static
 from factflow.dataflow.slots import HandleSlot
 from factflow.dataflow.zset import ident
@@ -260,15 +259,7 @@ class DeltaJoin(Node):
 
     def _run(self, cx: EpochContext, pipeline: Pipeline, relation: str, version_of) -> str:
         columns = list(pipeline.source.columns)
-        stages = list(pipeline.stages)
-        while stages:
-            chain = self._chain(cx, stages, columns, version_of)
-            if chain:  # consecutive index lookups: one Python task runs them all
-                relation = run_chain(cx, relation, chain)
-                columns = [c for c in chain[-1].output if c[0] not in (DIFF, TRACE_DIFF)]
-                del stages[:len(chain)]
-                continue
-            stage = stages.pop(0)
+        for stage in pipeline.stages:
             if isinstance(stage, Lookup):
                 relation = stage.relation.join_into(cx, version_of(stage.position), relation, columns, stage.on)
                 bound = {n for n, _ in columns}
@@ -285,24 +276,6 @@ class DeltaJoin(Node):
                 negated = stage.relation.read(cx, version_of(stage.position))
                 relation = cx.define(zset.semijoin(relation, negated, stage.on, anti=True))
         return cx.define(zset.select(relation, self.names))
-
-    @staticmethod
-    def _chain(cx: EpochContext, stages: list, columns: list[tuple[str, Kind]], version_of) -> list[Probe]:
-        """The probes of the leading run of ``stages`` that are lookups into attribute
-        indexes a :class:`~factflow.arrangement.index.ProbeChain` can run (see
-        :func:`~factflow.dataflow.lookup.chainable`), each reading the columns the one
-        before it adds."""
-        chain: list[Probe] = []
-        columns = list(columns)
-        for stage in stages:
-            if not (isinstance(stage, Lookup) and isinstance(stage.relation, Scan)):
-                break
-            spec = stage.relation.probe_step(cx, version_of(stage.position), columns, stage.on)
-            if spec is None or not chainable(spec):
-                break
-            chain.append(spec)
-            columns = [c for c in spec.output if c[0] not in (DIFF, TRACE_DIFF)]
-        return chain
 
     def _extend(self, cx: EpochContext, stage: Extend, prefix: str, columns: list[tuple[str, Kind]],
                 version_of) -> str:

@@ -9,50 +9,18 @@ prefix relation is hashed by Spark, handed to the probe as Arrow batches, and th
 output is named for the SQL that follows. Otherwise :func:`probe` returns None and the
 operator joins as before (a SQL join over the trace's batches, which is what small,
 driver-held traces and bulk epochs want).
-
-A delta pipeline's consecutive lookups into attribute indexes keyed by entity ids become
-one :class:`~factflow.arrangement.index.ProbeChain` (:func:`run_chain`): one Python task
-runs them all, where separate probes cost a Python worker each, fed row by row through
-the JVM, and a round of Spark planning each on the driver.
 """
 
 from __future__ import annotations
 
 from typing import Sequence
 
-from factflow.arrangement.index import PROBE_HASH, TRACE_DIFF, Probe, ProbeChain, hash_sql
+from factflow.arrangement.index import PROBE_HASH, TRACE_DIFF, Probe, hash_sql
 from factflow.arrangement.trace import TraceHandle
 from factflow.dataflow.context import EpochContext
 from factflow.model.types import Kind
 
-__all__ = ["probe", "probe_spec", "run_probe", "run_chain", "chainable", "TRACE_DIFF"]
-
-
-def probe_spec(cx: EpochContext, handle: TraceHandle, prefix_columns: Sequence[tuple[str, Kind]],
-               on: Sequence[tuple[str, str]], values: Sequence[tuple[str, str]], as_of: int, how: str = "inner",
-               present: bool = False) -> Probe | None:
-    """The lookup of a prefix (columns ``prefix_columns``, plus ``_diff``) in ``handle``'s
-    trace as of ``as_of``, or None when a probe does not apply (see :func:`probe`)."""
-    if not cx.probes:
-        return None
-    trace_of = {p: t for p, t in on}
-    by_trace = {t: p for p, t in on}
-    if any(k not in by_trace for k in handle.key):
-        return None
-    sources = handle.probe_sources(as_of)
-    if sources is None:
-        return None
-    paths, local = sources
-    columns = list(prefix_columns) + [("_diff", Kind.LONG)]
-    return Probe(paths=paths, local=local, trace_schema=handle.layout.arrow_schema(), prefix_columns=columns,
-                 hash_on=[(by_trace[k], k) for k in handle.key], join_on=[(p, trace_of[p]) for p, _ in on],
-                 values=list(values), as_of=as_of, how=how, present=present)
-
-
-def run_probe(cx: EpochContext, prefix: str, spec: Probe) -> str:
-    """The relation of ``prefix`` probed as ``spec`` says (its key hashed by Spark)."""
-    hashed = cx.frame(f"(SELECT *, {hash_sql([p for p, _ in spec.hash_on])} AS {PROBE_HASH} FROM {prefix})")
-    return cx.register(spec.run(hashed))
+__all__ = ["probe", "TRACE_DIFF"]
 
 
 def probe(cx: EpochContext, handle: TraceHandle, prefix: str, prefix_columns: Sequence[tuple[str, Kind]],
@@ -66,19 +34,19 @@ def probe(cx: EpochContext, handle: TraceHandle, prefix: str, prefix_columns: Se
     :class:`Probe`), the prefix's columns and ``_diff`` (or, for ``semi``, the matched
     keys), the values, and ``_tdiff``.
     """
-    spec = probe_spec(cx, handle, prefix_columns, on, values, as_of, how, present)
-    return None if spec is None else run_probe(cx, prefix, spec)
-
-
-def chainable(spec: Probe) -> bool:
-    """Whether ``spec`` can be a step of a :class:`ProbeChain`: an inner lookup whose key
-    columns are 64-bit integers (the chain hashes them in Python)."""
-    kinds = dict(spec.prefix_columns)
-    return spec.how == "inner" and not spec.present and all(kinds[p] is Kind.LONG for p, _ in spec.hash_on)
-
-
-def run_chain(cx: EpochContext, prefix: str, steps: Sequence[Probe]) -> str:
-    """The relation of ``prefix`` looked up by every step in turn, in one Spark task per
-    partition (see :class:`ProbeChain`): the prefix's columns, each step's values, and
-    ``_diff`` (the product of the prefix's and every step's trace diffs)."""
-    return cx.register(ProbeChain(list(steps)).run(cx.frame(prefix)))
+    if not cx.probes:
+        return None
+    trace_of = {p: t for p, t in on}
+    by_trace = {t: p for p, t in on}
+    if any(k not in by_trace for k in handle.key):
+        return None
+    sources = handle.probe_sources(as_of)
+    if sources is None:
+        return None
+    paths, local = sources
+    columns = list(prefix_columns) + [("_diff", Kind.LONG)]
+    spec = Probe(paths=paths, local=local, trace_schema=handle.layout.arrow_schema(), prefix_columns=columns,
+                 hash_on=[(by_trace[k], k) for k in handle.key], join_on=[(p, trace_of[p]) for p, _ in on],
+                 values=list(values), as_of=as_of, how=how, present=present)
+    hashed = cx.frame(f"(SELECT *, {hash_sql([by_trace[k] for k in handle.key])} AS {PROBE_HASH} FROM {prefix})")
+    return cx.register(spec.run(hashed))

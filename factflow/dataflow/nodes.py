@@ -26,8 +26,7 @@ from factflow.arrangement.batch import DIFF, one_partition
 from factflow.arrangement.trace import Trace, TraceHandle
 from factflow.dataflow import zset
 from factflow.dataflow.context import EpochContext, Version
-from factflow.arrangement.index import Probe
-from factflow.dataflow.lookup import TRACE_DIFF, probe, probe_spec, run_probe
+from factflow.dataflow.lookup import TRACE_DIFF, probe
 from factflow.dataflow.slots import Allocator, HandleSlot, RowsSlot, TraceSlot, plain
 from factflow.dataflow.zset import ident, literal
 from factflow.model.types import Kind
@@ -222,24 +221,15 @@ class Scan(Node):
             return None
         return f"(SELECT `_k` AS `{key}`, `{other}`, {ident(TRACE_DIFF)} AS {ident(DIFF)} FROM {probed})"
 
-    def probe_step(self, cx: EpochContext, version: Version, frame_columns: Columns,
-                   on: Sequence[str]) -> Probe | None:
-        """The probe of this pattern's index by a frame's keys (``on``): the frame's columns
-        and the pattern's other variable out, ``_tdiff`` beside ``_diff``; None where a probe
-        does not apply (see :mod:`.lookup`)."""
-        if self.e_const is not None or self.v_const is not None or (self.e_col is not None
-                                                                   and self.e_col == self.v_col):
-            return None
-        source = {self.e_col: "e", self.v_col: "v"}
-        values = [(source[c], c) for c in self.names if c not in on]
-        return probe_spec(cx, self.handle, frame_columns, [(c, source[c]) for c in on], values, _as_of(cx, version))
-
     def join_into(self, cx, version, frame, frame_columns, on):
         """Probe the index by the frame's keys where that applies (see :mod:`.lookup`)."""
-        spec = self.probe_step(cx, version, frame_columns, on)
-        if spec is not None:
-            names = [n for n, _ in frame_columns] + [c for _, c in spec.values]
-            return cx.define(_times_trace_diff(run_probe(cx, frame, spec), names))
+        if self.e_const is None and self.v_const is None and not (self.e_col is not None and self.e_col == self.v_col):
+            source = {self.e_col: "e", self.v_col: "v"}
+            values = [(source[c], c) for c in self.names if c not in on]
+            probed = probe(cx, self.handle, frame, frame_columns, [(c, source[c]) for c in on], values,
+                           _as_of(cx, version))
+            if probed is not None:
+                return cx.define(_times_trace_diff(probed, [n for n, _ in frame_columns] + [c for _, c in values]))
         return super().join_into(cx, version, frame, frame_columns, on)
 
     def describe(self):

@@ -195,6 +195,30 @@ def test_the_workers_of_a_session_factflow_did_not_create_are_prepared_by_its_ta
               "one.mapInArrow(_nothing, 'id BIGINT').collect()\n"
               "after = one.mapInArrow(stamped, 'ok BOOLEAN').collect()[0].ok\n"
               "print('STAMPED', before, after)\n"
+              "from factflow import Engine\n"
+              "Engine(spark=s).close()\n"
+              "Engine(spark=s).close()\n"
               "s.stop()\n")
     run = _run_python(script, PYSPARK_PYTHON=sys.executable)
     assert "STAMPED False True" in run.stdout, run.stdout
+    # an engine on it says once which start-up settings the session lacks
+    assert run.stderr.count("this SparkSession was started without spark.buffer.pageSize=2m, "
+                            "spark.python.daemon.module=factflow.engine.worker_daemon") == 1, run.stderr
+
+
+def test_only_start_up_settings_a_session_lacks_are_reported(spark):
+    assert session.missing_start_up_settings(spark) == {}  # the suite's session: factflow made it
+
+    class Conf:
+        def __init__(self, values):
+            self.values = values
+
+        def get(self, key, default=None):
+            return self.values.get(key, default)
+
+    class Session:
+        def __init__(self, values):
+            self.sparkContext = type("Context", (), {"getConf": lambda _, c=Conf(values): c})()
+
+    assert session.missing_start_up_settings(Session({"spark.buffer.pageSize": "8m"})) == {
+        "spark.python.daemon.module": "factflow.engine.worker_daemon"}

@@ -34,8 +34,9 @@ from pyspark.sql import SparkSession
 
 from factflow.errors import FactflowError
 
-__all__ = ["DEFAULT_SPARK_CONF", "REQUIRED_SQL_CONF", "LOG_LEVEL_VARIABLE", "acquire_session", "check_java",
-           "create_session", "driver_alive", "label_jobs", "release_session"]
+__all__ = ["DEFAULT_SPARK_CONF", "REQUIRED_SQL_CONF", "START_UP_SETTINGS", "LOG_LEVEL_VARIABLE", "acquire_session",
+           "check_java", "create_session", "driver_alive", "label_jobs", "missing_start_up_settings",
+           "release_session"]
 
 #: SQL settings every engine applies to its session, given or created. Constraint
 #: propagation is off because Spark 4.1 fails on it ("key not found" while rewriting a
@@ -89,6 +90,12 @@ DEFAULT_SPARK_CONF = {
     "spark.python.daemon.module": "factflow.engine.worker_daemon",
     **REQUIRED_SQL_CONF,
 }
+
+#: Settings of :data:`DEFAULT_SPARK_CONF` that Spark reads only when a session starts, so
+#: an engine cannot set them on a session it is given: without the first, finished sorts
+#: keep pages of Spark's default size alive (see above); without the second, Python
+#: workers start without factflow's modules loaded.
+START_UP_SETTINGS = ("spark.buffer.pageSize", "spark.python.daemon.module")
 
 MIN_JAVA = 17
 
@@ -227,6 +234,13 @@ def _quiet_query_context_loggers(session: SparkSession) -> None:
 #: own) and how many engines hold it.
 _OWNED: dict[int, tuple[SparkSession, int]] = {}
 _OWNED_LOCK = threading.Lock()
+
+
+def missing_start_up_settings(spark: SparkSession) -> dict[str, str]:
+    """The :data:`START_UP_SETTINGS` ``spark`` was started without, with factflow's values
+    (a session started with its own value of one is not missing it)."""
+    conf = spark.sparkContext.getConf()
+    return {key: DEFAULT_SPARK_CONF[key] for key in START_UP_SETTINGS if conf.get(key, None) is None}
 
 
 def acquire_session(master: str | None = None) -> SparkSession:

@@ -187,6 +187,13 @@ def test_bad_queries_are_rejected_by_planning_naming_the_item(text, inputs, name
 
 # ---------------------------------------------------------------- installing plans (Spark)
 
+def declare(target, rules: str = RULES) -> None:
+    """Create the first four attributes and register ``rules`` in an engine or the oracle."""
+    for name, kind, semantics in ATTRIBUTES[:4]:
+        target.create_attribute(name, kind, semantics)
+    target.register(rules)
+
+
 def held(engine) -> tuple[int, int, int]:
     """Live handles on the shared arrangements, shared rules, and temp views of constant relations."""
     state = engine._state
@@ -197,11 +204,8 @@ def held(engine) -> tuple[int, int, int]:
 
 def test_engine_plan_is_the_installed_plan_and_a_failed_install_holds_nothing(engine, monkeypatch):
     oracle = Oracle()
-    for name, kind, semantics in ATTRIBUTES[:4]:
-        engine.create_attribute(name, type=kind, semantics=semantics)
-        oracle.create_attribute(name, kind, semantics)
-    engine.register(RULES)
-    oracle.register(RULES)
+    declare(engine)
+    declare(oracle)
     facts = [[":db/add", a, ":e", a + 1] for a in range(1, 6)]
     facts += [[":db/add", 3, ":e", 1], [":db/add", 2, ":age", 20], [":db/add", 4, ":age", 9]]
     engine.transact(facts)
@@ -250,11 +254,8 @@ def test_a_plan_is_installed_as_given_any_number_of_times_and_refused_from_an_en
     arguments beside it, one without text, and one another engine's rules made different are
     refused without a trace; one from an engine with the same schema and rules installs."""
     oracle = Oracle()
-    for name, kind, semantics in ATTRIBUTES[:4]:
-        engine.create_attribute(name, type=kind, semantics=semantics)
-        oracle.create_attribute(name, kind, semantics)
-    engine.register(RULES)
-    oracle.register(RULES)
+    declare(engine)
+    declare(oracle)
     facts = [[":db/add", 1, ":age", 30], [":db/add", 2, ":age", 12], [":db/add", 3, ":age", 18],
              [":db/add", 1, ":name", "ann"], [":db/add", 3, ":name", "cy"], [":db/add", 1, ":e", 3]]
     engine.transact(facts)
@@ -281,10 +282,8 @@ def test_a_plan_is_installed_as_given_any_number_of_times_and_refused_from_an_en
         engine.query(plan_query(parse_query(text), engine.schema, engine.rules, inputs), name="third")
     other, same = Engine(spark=engine.spark), Engine(spark=engine.spark)
     try:
-        for each, rules in ((other, RULES.replace("18", "21")), (same, RULES)):  # adults from 21 on; the same
-            for name, kind, semantics in ATTRIBUTES[:4]:
-                each.create_attribute(name, type=kind, semantics=semantics)
-            each.register(rules)
+        declare(other, RULES.replace("18", "21"))  # adults from 21 on
+        declare(same)
         with pytest.raises(QueryError, match="not this engine's plan"):
             engine.query(other.plan(text, inputs=inputs, join="delta"), name="third")
         assert held(engine) == baseline and "third" not in engine.queries

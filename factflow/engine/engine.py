@@ -443,7 +443,9 @@ class Engine:
         carries its text, inputs, join and semantics (give none of them again): the plan is
         installed as it is, or refused with a QueryError when it is not this engine's plan of
         its text (one made by an engine with another schema or other rules); the plan object
-        stays unbound and can be installed again under another name. ``sink`` (one :class:`~factflow.io.sinks.Sink` or several)
+        stays unbound and can be installed again under another name.
+
+        ``sink`` (one :class:`~factflow.io.sinks.Sink` or several)
         writes the result's changes to directories (see :meth:`Query.write_to`);
         ``granularity`` (seconds) delivers them to subscribers and sinks at most once per
         window (see :mod:`factflow.engine.granularity`).

@@ -482,11 +482,12 @@ class Engine:
                expected: Plan | None = None) -> Query:
         with self._lock:
             self._check_open()
-            planned = self._planned(query, inputs, join, semantics, expected, name)
             if not durable:
-                return self._install(query, name, inputs, join, semantics, sinks, seconds, introspect, slack, planned)
+                return self._install(query, name, inputs, join, semantics, sinks, seconds, introspect, slack,
+                                     self._planned(query, inputs, join, semantics, expected, name))
             if self._durability is None:
                 raise StorageError("durable=True needs an engine with a state_dir: there is nowhere to keep the query")
+            planned = self._planned(query, inputs, join, semantics, expected, name)
             definition = QueryDefinition.of(name or "", query, inputs, join, semantics, sinks, seconds, introspect,
                                             slack)
             handle = self._state.queries.get(name) if name else None

@@ -53,7 +53,7 @@ from factflow.engine.pull import pull_query, pulled
 from factflow.engine.query import Query
 from factflow.engine.reports import EpochReport, SparkJob, engine_stats
 from factflow.engine.session import (
-    REQUIRED_SQL_CONF, acquire_session, driver_alive, missing_start_up_settings, release_session,
+    REQUIRED_SQL_CONF, acquire_session, driver_alive, release_session, warn_of_missing_start_up_settings,
 )
 from factflow.engine.state import EngineState
 from factflow.errors import (
@@ -111,7 +111,7 @@ class Engine:
         self.spark = spark if spark is not None else acquire_session(master=master)
         for key, value in REQUIRED_SQL_CONF.items():
             self.spark.conf.set(key, value)
-        _warn_of_missing_start_up_settings(self.spark)
+        warn_of_missing_start_up_settings(self.spark)
         self.config = config or EngineConfig()
         partitions = self.config.partitions or int(self.spark.conf.get("spark.sql.shuffle.partitions"))
         self._owns_state_dir = not state_dir
@@ -692,19 +692,3 @@ def _source_of(plan: Plan, name: str | None, inputs: Sequence[Any], join: str,
     if tuple(inputs) or join != "auto" or semantics != "set":
         raise QueryError(f"{label}: a plan carries its inputs, join and semantics; give none of them with it")
     return source.query, source.inputs, source.join, plan.semantics
-
-
-_WARNED_CONTEXTS: set[int] = set()
-
-
-def _warn_of_missing_start_up_settings(spark: SparkSession) -> None:
-    """Log once per Spark context which of factflow's start-up settings its session lacks."""
-    missing = missing_start_up_settings(spark)
-    if not missing or id(spark.sparkContext) in _WARNED_CONTEXTS:
-        return
-    _WARNED_CONTEXTS.add(id(spark.sparkContext))
-    settings = ", ".join(f"{k}={v}" for k, v in missing.items())
-    log.warning("this SparkSession was started without %s: Spark reads these only at start-up, so the engine "
-                "cannot set them (without a small page size, finished sorts keep their memory pages on the "
-                "driver; see factflow.engine.session). Start the session with them, or let factflow create it.",
-                settings)

@@ -20,6 +20,7 @@ loopback address. Settings the user gives (``conf``, ``SPARK_LOCAL_IP``) take pr
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import shutil
@@ -34,9 +35,11 @@ from pyspark.sql import SparkSession
 
 from factflow.errors import FactflowError
 
+log = logging.getLogger("factflow.engine")
+
 __all__ = ["DEFAULT_SPARK_CONF", "REQUIRED_SQL_CONF", "START_UP_SETTINGS", "LOG_LEVEL_VARIABLE", "acquire_session",
            "check_java", "create_session", "driver_alive", "label_jobs", "missing_start_up_settings",
-           "release_session"]
+           "release_session", "warn_of_missing_start_up_settings"]
 
 #: SQL settings every engine applies to its session, given or created. Constraint
 #: propagation is off because Spark 4.1 fails on it ("key not found" while rewriting a
@@ -241,6 +244,22 @@ def missing_start_up_settings(spark: SparkSession) -> dict[str, str]:
     (a session started with its own value of one is not missing it)."""
     conf = spark.sparkContext.getConf()
     return {key: DEFAULT_SPARK_CONF[key] for key in START_UP_SETTINGS if conf.get(key, None) is None}
+
+
+_CHECKED_CONTEXTS: set[int] = set()
+
+
+def warn_of_missing_start_up_settings(spark: SparkSession) -> None:
+    """Log which :data:`START_UP_SETTINGS` ``spark`` lacks; once per Spark context (checked once)."""
+    if id(spark.sparkContext) in _CHECKED_CONTEXTS:
+        return
+    _CHECKED_CONTEXTS.add(id(spark.sparkContext))
+    missing = missing_start_up_settings(spark)
+    if missing:
+        log.warning("this SparkSession was started without %s: Spark reads these only at start-up, so the engine "
+                    "cannot set them (without a small page size, finished sorts keep their memory pages on the "
+                    "driver; see factflow.engine.session). Start the session with them, or let factflow create it.",
+                    ", ".join(f"{k}={v}" for k, v in missing.items()))
 
 
 def acquire_session(master: str | None = None) -> SparkSession:

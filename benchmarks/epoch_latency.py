@@ -19,14 +19,16 @@ number of installed queries, to show how an epoch grows with them:
   friends restricted to Chrome users or to males, and with ``<`` instead of ``!=``
   (every rule query reads the same shared ``friend`` rule).
 
-Reports per (queries, size): median and max epoch, Spark jobs per epoch (median) and the
-ratio of the median to a trivial Spark job. Medians exclude the first two epochs of each
+Reports per (queries, size): median and max epoch, Spark jobs per epoch (median), the
+share of statements run from plans kept since an earlier epoch, and the ratio of the median
+to a trivial Spark job. Medians exclude the first two epochs of each
 size. The session is configured as a default ``factflow.Engine()`` configures its own
 (``common.engine_session()``: 2 GB driver; the output says whether it differs).
 
     python benchmarks/epoch_latency.py [--epochs 12] [--queries 5]
     python benchmarks/epoch_latency.py --queries 1,5,20       # growth with installed queries
     python benchmarks/epoch_latency.py --quick --queries 1,5,20   # smoke run: 3 epochs per size
+    python benchmarks/epoch_latency.py --no-plan-reuse   # every statement planned anew (as before)
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ import random
 
 from common import describe_session, engine_session, machine_facts, median, report, trivial_job_seconds
 
-from factflow import Engine
+from factflow import Engine, EngineConfig
 from factflow.io.ldbc import load_ldbc
 
 QUERIES = [
@@ -103,10 +105,10 @@ def persons_of(db: Engine) -> list[int]:
     return persons
 
 
-def run(spark, count: int, epochs: int) -> tuple[dict, dict]:
+def run(spark, count: int, epochs: int, reuse_plans: bool = True) -> tuple[dict, dict]:
     """A fresh engine with ``count`` queries installed through the transactions of every size:
     per size its figures, and the phases of the last epoch."""
-    db = Engine(spark=spark)
+    db = Engine(spark=spark, config=EngineConfig(reuse_plans=reuse_plans))
     load_ldbc(db)
     db.register(RULES)
     for i, (text, inputs) in enumerate(installed(count)):
@@ -116,19 +118,22 @@ def run(spark, count: int, epochs: int) -> tuple[dict, dict]:
     next_id = [10**15]
     figures = {}
     for size in SIZES:
-        times, jobs, changes = [], [], []
+        times, jobs, changes, reused = [], [], [], []
         for _ in range(epochs):
             db.transact(transaction(rng, size, persons, next_id))
             r = db.epoch_log[-1]
             times.append(r.seconds)
             jobs.append(len(r.jobs))
             changes.append(r.changes)
+            reused.append(r.plans_reused / r.statements if r.statements else 0.0)
         warm = slice(2, None) if epochs > 2 else slice(None)
         figures[size] = {"median_s": round(median(times[warm]), 3), "max_s": round(max(times[warm]), 3),
-                         "spark_jobs_median": median(jobs[warm]), "changes_median": median(changes[warm])}
+                         "spark_jobs_median": median(jobs[warm]), "changes_median": median(changes[warm]),
+                         "statements_from_kept_plans": round(sum(reused[warm]) / len(reused[warm]), 2)}
         print(f"  {count} queries, {size} changes: median {figures[size]['median_s']} s, max "
               f"{figures[size]['max_s']} s, {figures[size]['spark_jobs_median']} jobs (median), "
-              f"{figures[size]['changes_median']} fact changes (median)", flush=True)
+              f"{figures[size]['changes_median']} fact changes (median), "
+              f"{figures[size]['statements_from_kept_plans']:.0%} of statements from kept plans", flush=True)
     phases = {k: round(v, 3) for k, v in db.epoch_log[-1].phases.items()}
     db.close()
     return figures, phases
@@ -139,6 +144,8 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=None, help="epochs per transaction size (default 12, quick 3: one after the two warm-up epochs)")
     parser.add_argument("--queries", default="5", help="numbers of installed queries, e.g. 1,5,20 (a fresh engine each)")
     parser.add_argument("--quick", action="store_true", help="smoke run: 3 epochs per size")
+    parser.add_argument("--no-plan-reuse", action="store_true",
+                        help="engines with EngineConfig(reuse_plans=False): every statement planned anew")
     args = parser.parse_args()
     epochs = args.epochs or (3 if args.quick else 12)
     counts = [int(c) for c in args.queries.split(",")]
@@ -146,7 +153,7 @@ def main() -> None:
     print("session:", describe_session(spark), flush=True)
     by_count, phases = {}, {}
     for count in counts:
-        by_count[count], phases[count] = run(spark, count, epochs)
+        by_count[count], phases[count] = run(spark, count, epochs, reuse_plans=not args.no_plan_reuse)
     trivial = trivial_job_seconds(spark)
     for count in counts:
         for size in SIZES:
@@ -165,6 +172,7 @@ def main() -> None:
         figures[f"ratio_{size}_to_trivial_job"] = main_figures[size]["ratio_to_trivial_job"]
     figures["last_epoch_phases_s"] = phases[main_count]
     figures["session"] = describe_session(spark)
+    figures["reuse_plans"] = not args.no_plan_reuse
     if counts != [5]:
         figures["epochs_per_size"] = epochs
         figures["queries"] = {str(c): [{"query": t, "inputs": list(i)} for t, i in installed(c)] for c in counts}
@@ -177,7 +185,8 @@ def main() -> None:
                       f"{f['ratio_to_trivial_job']:>8.1f}x")
     print(f"trivial Spark job {trivial:.4f} s; 1 change with {main_count} queries: "
           f"{figures['ratio_1_to_trivial_job']}x the trivial job (target <= 10x, aim 3x)")
-    name = "epoch_latency" + ("" if counts == [5] else "-q" + "-".join(map(str, counts))) + ("-quick" if args.quick else "")
+    name = ("epoch_latency" + ("" if counts == [5] else "-q" + "-".join(map(str, counts))) + ("-quick" if args.quick else "")
+            + ("-no-plan-reuse" if args.no_plan_reuse else ""))
     report(name, machine_facts(spark), figures)
 
 

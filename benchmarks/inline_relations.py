@@ -24,7 +24,7 @@ import pandas as pd
 from common import engine_session, machine_facts, median, report
 from pyspark.sql import types as T
 
-from factflow.arrangement.batch import drop_view, register_view
+from factflow.arrangement.views import drop_view, register_view
 from factflow.model.frames import INLINE_ROWS, spark_frame, values_sql
 
 SIZES = (1, 16, 64, 256, 1024)

@@ -43,7 +43,7 @@ from common import engine_session, machine_facts, median, report, timed, trivial
 from pyspark.sql import types as T
 from pyspark.sql.datasource import DataSource, DataSourceReader
 
-from factflow.arrangement.batch import drop_view, one_partition, register_view
+from factflow.arrangement.views import drop_view, one_partition, register_view
 from factflow.model.frames import spark_frame
 from factflow.engine.apply import small_statements
 from factflow.engine.config import EngineConfig

@@ -10,7 +10,8 @@ import pandas as pd
 import pytest
 from pyspark.sql import types as T
 
-from factflow.arrangement.batch import drop_view, local_relation
+from factflow.arrangement.batch import local_relation
+from factflow.arrangement.views import drop_view
 from factflow.model.frames import INLINE_ROWS, consolidated, spark_frame, values_sql
 
 NASTY = ["", "plain", "it's", "a'b\"c", "back\\slash", "\\'", "\\u0041", "new\nline\ttab\r", "\x00nul",
@@ -86,7 +87,8 @@ def test_small_transactions_keep_strings_of_any_content(engine):
     assert sorted(query.results()) == sorted((i + 1, s) for i, s in enumerate(NASTY))
     engine.transact([[":db/retract", i + 1, ":doc/text", s] for i, s in enumerate(NASTY) if i % 2])
     assert sorted(query.results()) == sorted((i + 1, s) for i, s in enumerate(NASTY) if i % 2 == 0)
-    assert _temp_views(engine.spark) == views  # a few rows go inline: no temp view for them
+    # a few rows go inline, or into the engine's slots (their views last): no view per epoch
+    assert all(v.startswith("ffbound") for v in _temp_views(engine.spark) - views)
 
 
 def _temp_views(spark) -> set[str]:

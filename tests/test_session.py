@@ -12,6 +12,7 @@ import pytest
 
 from factflow import FactflowError, workers
 from factflow.cli import main as cli
+from factflow.arrangement import bound
 from factflow.engine import session
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -221,4 +222,9 @@ def test_only_start_up_settings_a_session_lacks_are_reported(spark):
             self.sparkContext = type("Context", (), {"getConf": lambda _, c=Conf(values): c})()
 
     assert session.missing_start_up_settings(Session({"spark.buffer.pageSize": "8m"})) == {
-        "spark.python.daemon.module": "factflow.engine.worker_daemon"}
+        "spark.python.daemon.module": "factflow.engine.worker_daemon", "spark.driver.extraClassPath": bound.JAR}
+    # a class path of the user's own counts only if it holds factflow's jar
+    given = {"spark.buffer.pageSize": "8m", "spark.python.daemon.module": "m"}
+    assert session.missing_start_up_settings(Session({**given, "spark.driver.extraClassPath": "/x.jar"})) == {
+        "spark.driver.extraClassPath": bound.JAR}
+    assert session.missing_start_up_settings(Session({**given, "spark.driver.extraClassPath": f"/x.jar{os.pathsep}{bound.JAR}"})) == {}

@@ -27,7 +27,6 @@ the background): its release is then deferred until the last pin is given up.
 
 from __future__ import annotations
 
-import itertools
 import threading
 from dataclasses import dataclass
 
@@ -36,7 +35,9 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
+from factflow.arrangement import bound
 from factflow.arrangement.index import arrow_schema, remove_index, write_index
+from factflow.arrangement.views import drop_view, one_partition, register_view
 from factflow.model.frames import INLINE_ROWS, spark_frame, values_sql
 from factflow.model.types import Kind, spark_type
 
@@ -44,7 +45,6 @@ __all__ = ["Layout", "Batch", "TIME", "DIFF", "local_relation"]
 
 TIME = "_t"
 DIFF = "_diff"
-_VIEW_IDS = itertools.count(1)
 _PINS = threading.Lock()
 
 _PANDAS_DTYPES = {
@@ -99,33 +99,20 @@ class Layout:
         return out.reset_index(drop=True)
 
 
-def register_view(frame: DataFrame, prefix: str = "ff_b") -> str:
-    """Register ``frame`` as a uniquely named temp view; returns the name."""
-    name = f"{prefix}{next(_VIEW_IDS)}"
-    frame.createOrReplaceTempView(name)
-    return name
-
-
 def local_relation(spark: SparkSession, frame: pd.DataFrame, schema: T.StructType,
                    prefix: str = "ff_b") -> tuple[str, str | None]:
     """SQL reading the rows of a driver-side frame (typed as ``schema``), and the temp view
     registered for them, to drop when done: None when at most
-    :data:`~factflow.model.frames.INLINE_ROWS` rows are written inline instead."""
+    :data:`~factflow.model.frames.INLINE_ROWS` rows are written inline instead, or when the
+    rows are bound to a slot of the active :class:`~factflow.arrangement.bound.Binder`
+    (read as one partition then)."""
+    binder = bound.current()
+    if binder is not None:
+        return binder.relation(frame, schema), None
     if len(frame) <= INLINE_ROWS:
         return values_sql(frame, schema), None
     view = register_view(spark_frame(spark, frame, schema), prefix)
     return view, view
-
-
-def one_partition(relation: str) -> str:
-    """SQL reading ``relation`` (a view name or a parenthesized subquery) as one partition,
-    without a shuffle (a ``COALESCE(1)`` hint): how small relations enter a statement."""
-    return f"(SELECT /*+ COALESCE(1) */ * FROM {relation})"
-
-
-def drop_view(spark: SparkSession, name: str) -> None:
-    """Drop a temp view registered by :func:`register_view`."""
-    spark.catalog.dropTempView(name)
 
 
 def checkpoint(frame: DataFrame) -> tuple[DataFrame, int]:
@@ -178,7 +165,7 @@ class Batch:
         self._layout = layout
         self.index: str | None = None  # directory of the sorted index files (stored batches)
         self.index_paths: list[str] = []
-        self.view = register_view(frame) if rows and frame is not None else None
+        self.view = register_view(frame, lasting=True) if rows and frame is not None else None
         self._relation: str | None = None  # SQL reading a local batch, once read
         self._pins = 0
         self._released = False
@@ -192,6 +179,9 @@ class Batch:
         on the driver before any statement does): written inline when it has few rows, else
         a DataFrame registered as a temp view."""
         if self.local is not None:
+            binder = bound.current()
+            if binder is not None:
+                return binder.relation(self.local, self._layout.spark_schema(), owner=self)
             if self._relation is None:
                 relation, self.view = local_relation(self._spark, self.local, self._layout.spark_schema())
                 self._relation = one_partition(relation)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from enum import Enum
 from typing import TYPE_CHECKING, Callable
 
-from factflow.arrangement.batch import register_view
+from factflow.arrangement.views import register_view
 from factflow.dataflow.statement import Statement
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from factflow.arrangement.batch import DIFF, one_partition
+from factflow.arrangement.batch import DIFF
+from factflow.arrangement.views import one_partition
 from factflow.arrangement.trace import Trace, TraceHandle
 from factflow.dataflow import zset
 from factflow.dataflow.context import EpochContext, Version

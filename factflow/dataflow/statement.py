@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-from factflow.arrangement.batch import one_partition
+from factflow.arrangement.views import one_partition
 
 __all__ = ["Statement"]
 

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 import pandas as pd
 from pyspark.sql import types as T
 
-from factflow.arrangement.batch import DIFF, Layout, register_view
+from factflow.arrangement.batch import DIFF, Layout
+from factflow.arrangement.views import register_view
 from factflow.arrangement.trace import Trace, TraceHandle
 from factflow.dataflow.slots import QUERY, HandleSlot, RowsSlot, TraceSlot
 from factflow.model.frames import spark_frame
@@ -71,7 +72,7 @@ class Allocation:
         frame = pd.DataFrame(data, columns=[n for n, _ in slot.columns] + [DIFF])
         schema = T.StructType([T.StructField(n, spark_type(k), False) for n, k in slot.columns]
                               + [T.StructField(DIFF, T.LongType(), False)])
-        name = register_view(spark_frame(self._state.spark, frame, schema), prefix="ff_s")
+        name = register_view(spark_frame(self._state.spark, frame, schema), prefix="ff_s", lasting=True)
         self._holders[slot.owner].views.append(name)
         return name
 

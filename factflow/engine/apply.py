@@ -24,7 +24,9 @@ import pyarrow.compute as pc
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from factflow.arrangement.batch import DIFF, drop_view
+from factflow.arrangement import bound
+from factflow.arrangement.batch import DIFF
+from factflow.arrangement.views import drop_view
 from factflow.arrangement.trace import TraceHandle
 from factflow.dataflow.context import EpochContext
 from factflow.dataflow.lookup import TRACE_DIFF, probe
@@ -55,7 +57,7 @@ def apply_changes(state: "EngineState", prepared: transaction.PreparedTransactio
     try:
         current = {a.id: _current_state(cx, state.tx_handles[a.id], tx_view, a, epoch - 1)
                    for a in prepared.attributes}
-        sql = transaction.effective_changes(tx_view, prepared, current)
+        sql = transaction.effective_changes(tx_view, prepared, current, inline_entities=bound.current() is None)
         changed = {} if sql is None else (
             _apply_small(state, sql, prepared, epoch, watched) if prepared.small
             else _apply_bulk(state, sql, epoch, watched))
@@ -113,7 +115,7 @@ def _apply_small(state: "EngineState", sql: str, prepared: transaction.PreparedT
     spark = state.spark
     spark.sparkContext.setJobDescription(f"epoch {epoch}: effective changes")
     with small_statements(spark, state.config.small_conf):
-        table = spark.sql(sql).toArrow()
+        table = bound.run(spark, sql)
     _raise_errors(state.schema, table.filter(pc.is_valid(table.column(transaction.ERR))))
     rows = table.filter(pc.is_null(table.column(transaction.ERR)))
     changed: dict[int, int] = {}

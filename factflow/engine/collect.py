@@ -29,6 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import SparkSession
 
+from factflow.arrangement import bound
 from factflow.dataflow.context import EpochContext
 from factflow.dataflow.zset import ident
 from factflow.model.types import Kind, sql_type
@@ -85,7 +86,7 @@ class Collector:
                 exprs.append(f"CAST({source} AS {sql_type(kind)}) AS {slot}")
             wide.append(f"SELECT {', '.join(exprs)} FROM (SELECT * FROM {relation} LIMIT {share + 1})")
         spark.sparkContext.setJobDescription(description)
-        table = spark.sql(cx.statement(" UNION ALL ".join(f"({w})" for w in wide))).toArrow()
+        table = bound.run(spark, cx.statement(" UNION ALL ".join(f"({w})" for w in wide)))
         out = []
         tags = table.column(_TAG)
         for tag, mapping in enumerate(mappings):

@@ -49,6 +49,12 @@ class EngineConfig:
     slow tail but made a 100-change two-hop epoch slower to its results
     (docs/benchmarks.md, "Maintenance in the background").
 
+    ``reuse_plans``: small epochs bind their driver-held rows to slots that a kept plan
+    reads when it runs, so that a statement of a shape seen before is not planned again
+    (see :mod:`factflow.arrangement.bound`; needs Spark's local mode and factflow's jar on
+    the driver's class path, as factflow's own sessions have it). ``False`` plans every
+    statement anew.
+
     Durable engines (``Engine(state_dir=...)``, see :mod:`factflow.engine.durability`):
     a checkpoint is written in the background once ``checkpoint_interval`` epochs (0: only
     when :meth:`factflow.Engine.checkpoint` is called) or ``checkpoint_log_bytes`` bytes of
@@ -73,6 +79,7 @@ class EngineConfig:
     fetch_limit: int = 1_000_000
     recompute_fraction: float = 0.5
     overlap_merges: bool = False
+    reuse_plans: bool = True
     checkpoint_interval: int = 1000
     checkpoint_log_bytes: int = 64 << 20
     offset_history: int = 10_000

@@ -35,6 +35,7 @@ from typing import Any, Callable
 import pandas as pd
 
 from factflow.arrangement.batch import DIFF
+from factflow.arrangement.bound import binding
 from factflow.dataflow.context import EpochContext
 from factflow.dataflow.nodes import OUT, Stateful
 from factflow.engine import transaction
@@ -88,14 +89,18 @@ def run_epoch(state: EngineState, tx: Any, group_prefix: str, epoch_log: list[Ep
         if reserved is not None:
             raise TransactionError(f"attribute {reserved.name} is maintained by the engine (introspection); "
                                    "transactions cannot write it")
-        changed, watched = apply_changes(state, prepared, epoch, known)
+        binder = state.binder if prepared.small else None  # small epochs reuse their plans
+        counted = (binder.planned, binder.reused) if binder is not None else (0, 0)
+        with binding(binder):
+            changed, watched = apply_changes(state, prepared, epoch, known)
         phases["changes"] = time.perf_counter() - started
         mark = time.perf_counter()
         affected = [q for q in state.queries.values()
                     if any(state.schema.get(a).id in changed for a in q.dataflow.attributes)]
-        outputs, kept = state.evaluate([q.dataflow for q in affected],
-                                       EpochContext(epoch, state.spark, small=prepared.small),
-                                       subscribed={n for q in affected for n in q.dataflow.outputs(q.has_subscribers)})
+        with binding(binder):
+            outputs, kept = state.evaluate(
+                [q.dataflow for q in affected], EpochContext(epoch, state.spark, small=prepared.small),
+                subscribed={n for q in affected for n in q.dataflow.outputs(q.has_subscribers)})
         phases["queries"] = time.perf_counter() - mark
         if journal is not None:
             mark = time.perf_counter()
@@ -121,8 +126,10 @@ def run_epoch(state: EngineState, tx: Any, group_prefix: str, epoch_log: list[Ep
     state.advance(epoch)
     deliveries.put(epoch, notices)
     state.defer_maintenance(epoch, changed, affected)
+    planned, reused = (binder.planned - counted[0], binder.reused - counted[1]) if binder is not None else (0, 0)
     report = EpochReport(epoch, prepared.rows, sum(changed.values()), [q.name for q in affected],
-                         spark_jobs(spark, group), time.perf_counter() - started, phases, kept_in_spark=kept)
+                         spark_jobs(spark, group), time.perf_counter() - started, phases, kept_in_spark=kept,
+                         statements=planned + reused, plans_reused=reused)
     epoch_log.append(report)
     if log.isEnabledFor(logging.INFO):
         log.info(report.describe())

@@ -44,8 +44,8 @@ import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
-from factflow.arrangement.batch import (DIFF, checkpoint, drop_view, local_relation, one_partition, register_view,
-                                       release_checkpoint)
+from factflow.arrangement.batch import DIFF, checkpoint, local_relation, release_checkpoint
+from factflow.arrangement.views import drop_view, one_partition, register_view
 from factflow.dataflow.context import EpochContext
 from factflow.dataflow.nodes import OUT, Columns, Distinct, Node, Stateful
 from factflow.dataflow.recursion import Fixpoint

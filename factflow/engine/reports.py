@@ -40,7 +40,9 @@ class EpochReport:
     ``phases["maintenance"]``, ``merges`` and ``maintenance_jobs``. ``kept_in_spark`` names
     the private traces whose changes a small epoch checkpointed in Spark instead of fetching
     them, because they exceeded their share of ``EngineConfig.fetch_limit`` rows or
-    ``spark.driver.maxResultSize`` (each costs a Spark job of its own).
+    ``spark.driver.maxResultSize`` (each costs a Spark job of its own). ``plans_reused``
+    counts the epoch's statements that ran from a plan kept since an earlier epoch
+    (``EngineConfig.reuse_plans``), of ``statements`` it ran in small-epoch form.
     """
 
     epoch: int
@@ -53,11 +55,14 @@ class EpochReport:
     merges: int = 0
     maintenance_jobs: list[SparkJob] = field(default_factory=list)
     kept_in_spark: list[str] = field(default_factory=list)
+    statements: int = 0
+    plans_reused: int = 0
 
     def describe(self) -> str:
         """Multi-line text: the epoch's figures and one line per Spark job."""
         lines = [f"epoch {self.epoch}: {self.operations} operations -> {self.changes} changes, "
-                 f"{len(self.queries)} queries updated, {len(self.jobs)} Spark jobs, {self.seconds:.3f}s "
+                 f"{len(self.queries)} queries updated, {len(self.jobs)} Spark jobs "
+                 f"({self.plans_reused} of {self.statements} statements from kept plans), {self.seconds:.3f}s "
                  + " ".join(f"{k}={v:.3f}s" for k, v in self.phases.items())]
         if self.kept_in_spark:
             lines.append(f"  kept in Spark (over the driver fetch limit): {', '.join(self.kept_in_spark)}")

@@ -33,6 +33,7 @@ from typing import Iterator
 from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
+from factflow.arrangement import bound
 from factflow.errors import FactflowError
 
 log = logging.getLogger("factflow.engine")
@@ -91,14 +92,19 @@ DEFAULT_SPARK_CONF = {
     "spark.scheduler.mode": "FAIR",
     "spark.scheduler.allocation.file": str(_POOLS),
     "spark.python.daemon.module": "factflow.engine.worker_daemon",
+    # factflow's jar: small epochs' statements read driver-held rows bound when they run,
+    # so their plans are kept across epochs (factflow.arrangement.bound)
+    "spark.driver.extraClassPath": bound.JAR,
     **REQUIRED_SQL_CONF,
 }
 
 #: Settings of :data:`DEFAULT_SPARK_CONF` that Spark reads only when a session starts, so
 #: an engine cannot set them on a session it is given: without the first, finished sorts
 #: keep pages of Spark's default size alive (see above); without the second, Python
-#: workers start without factflow's modules loaded.
-START_UP_SETTINGS = ("spark.buffer.pageSize", "spark.python.daemon.module")
+#: workers start without factflow's modules loaded; without factflow's jar on the driver's
+#: class path, small epochs plan every statement anew.
+START_UP_SETTINGS = ("spark.buffer.pageSize", "spark.python.daemon.module", "spark.driver.extraClassPath")
+_CLASS_PATH = "spark.driver.extraClassPath"
 
 MIN_JAVA = 17
 
@@ -150,6 +156,7 @@ def create_session(master: str | None = None, app_name: str = "factflow",
     quiet = _quiet_conf(master, conf or {}, level)
     settings = {**DEFAULT_SPARK_CONF, **(conf or {}), **quiet}
     settings[_DRIVER_OPTIONS] = _exit_on_out_of_memory(settings.get(_DRIVER_OPTIONS, ""))
+    settings[_CLASS_PATH] = _with_jar(settings.get(_CLASS_PATH, ""))
     builder = SparkSession.builder.appName(app_name).master(master)
     for key, value in settings.items():
         builder = builder.config(key, value)
@@ -239,11 +246,23 @@ _OWNED: dict[int, tuple[SparkSession, int]] = {}
 _OWNED_LOCK = threading.Lock()
 
 
+def _with_jar(class_path: str) -> str:
+    """``class_path`` with factflow's jar first."""
+    return os.pathsep.join(dict.fromkeys([bound.JAR, *filter(None, class_path.split(os.pathsep))]))
+
+
 def missing_start_up_settings(spark: SparkSession) -> dict[str, str]:
     """The :data:`START_UP_SETTINGS` ``spark`` was started without, with factflow's values
-    (a session started with its own value of one is not missing it)."""
+    (a session started with its own value of one is not missing it; its class path must
+    hold factflow's jar)."""
     conf = spark.sparkContext.getConf()
-    return {key: DEFAULT_SPARK_CONF[key] for key in START_UP_SETTINGS if conf.get(key, None) is None}
+
+    def missing(key: str) -> bool:
+        if key == _CLASS_PATH:
+            return bound.JAR not in conf.get(key, "").split(os.pathsep)
+        return conf.get(key, None) is None
+
+    return {key: DEFAULT_SPARK_CONF[key] for key in START_UP_SETTINGS if missing(key)}
 
 
 _CHECKED_CONTEXTS: set[int] = set()
@@ -258,7 +277,8 @@ def warn_of_missing_start_up_settings(spark: SparkSession) -> None:
     if missing:
         log.warning("this SparkSession was started without %s: Spark reads these only at start-up, so the engine "
                     "cannot set them (without a small page size, finished sorts keep their memory pages on the "
-                    "driver; see factflow.engine.session). Start the session with them, or let factflow create it.",
+                    "driver; without factflow's jar, small epochs plan every statement anew; see "
+                    "factflow.engine.session). Start the session with them, or let factflow create it.",
                     ", ".join(f"{k}={v}" for k, v in missing.items()))
 
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Sequence
 import pandas as pd
 from pyspark.sql import SparkSession
 
+from factflow.arrangement import bound
 from factflow.arrangement.attribute import AttributeArrangement
 from factflow.arrangement.trace import MergePolicy, StoredMerge, Trace, TraceHandle
 from factflow.dataflow.context import EpochContext
@@ -46,8 +47,10 @@ __all__ = ["EngineState"]
 
 class EngineState:
     """An engine's schema, arrangements, installed queries, shared rules, latest closed epoch,
-    the offsets applied per source, the closed epochs kept readable (``history``) and, in
-    event time, the frontier and the transactions buffered for open times (``clock``)."""
+    the offsets applied per source, the closed epochs kept readable (``history``), in
+    event time the frontier and the transactions buffered for open times (``clock``), and
+    the binder whose kept plans small epochs reuse (``binder``, None where the session
+    cannot bind rows: see :mod:`factflow.arrangement.bound`)."""
 
     def __init__(self, spark: SparkSession, config: EngineConfig, policy: MergePolicy):
         self.spark = spark
@@ -65,6 +68,7 @@ class EngineState:
         self.clock: EventClock | None = None
         self._query_counter = 0
         self.unmaintained: list[tuple[int, set[int], list[Query]]] = []  # (epoch, attribute ids, queries)
+        self.binder = bound.Binder(spark) if config.reuse_plans and bound.supported(spark) else None
 
     # ------------------------------------------------------------ what is held
     def feed(self, attribute: Attribute) -> AttributeFeed:
@@ -194,7 +198,9 @@ class EngineState:
             trace.truncate(epoch)
 
     def close(self) -> None:
-        """Release every arrangement (queries are closed by the engine first)."""
+        """Release every arrangement and the binder (queries are closed by the engine first)."""
+        if self.binder is not None:
+            self.binder.close()
         for arrangement in self.arrangements.values():
             arrangement.close()
         self.arrangements = {}

@@ -35,7 +35,8 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from factflow import edn
-from factflow.arrangement.batch import DIFF, local_relation, register_view
+from factflow.arrangement.batch import DIFF, local_relation
+from factflow.arrangement.views import register_view
 from factflow.errors import EdnSyntaxError, TransactionError, UnknownAttributeError
 from factflow.model.frames import in_session
 from factflow.model.schema import Attribute, Schema
@@ -393,7 +394,8 @@ def _input_errors(tx_view: str) -> str:
 
 
 def _current_filter(tx_view: str, attribute: Attribute, entities: list[int] | None) -> str:
-    """Restrict an attribute's current state to the entities the transaction touches."""
+    """Restrict an attribute's current state to the entities the transaction touches: the
+    ``entities`` listed when given and few, else a semi join with the transaction."""
     if entities is not None and len(entities) <= _IN_LIST_LIMIT:
         if not entities:
             return "WHERE FALSE"
@@ -442,12 +444,15 @@ def _attribute_changes(sql: Statement, tx_view: str, attribute: Attribute, curre
     return sql.define(f"SELECT * FROM ({decided}) WHERE `{DIFF}` <> 0 OR `{ERR}` IS NOT NULL")
 
 
-def effective_changes(tx_view: str, tx: PreparedTransaction, current: dict[int, str]) -> str | None:
+def effective_changes(tx_view: str, tx: PreparedTransaction, current: dict[int, str],
+                      inline_entities: bool = True) -> str | None:
     """SQL of one wide relation with every attribute's effective changes and every error found.
 
     ``tx_view`` is SQL reading the transaction's rows (see
     :meth:`PreparedTransaction.relation`); ``current`` maps attribute ids to
-    their forward index as of the previous epoch. Columns: ``a, e, <value slots>, _diff,
+    their forward index as of the previous epoch; ``inline_entities=False`` keeps the
+    touched entities out of the text (a semi join instead of a list), so that the text
+    depends on the transaction's shape only (see :mod:`factflow.arrangement.bound`). Columns: ``a, e, <value slots>, _diff,
     err`` (``err`` is NULL on change rows, and the only non-NULL value column is the one
     of the attribute's kind).
     """
@@ -458,7 +463,7 @@ def effective_changes(tx_view: str, tx: PreparedTransaction, current: dict[int, 
         slots = [f"CAST(NULL AS {sql_type(k)}) AS `{SLOT[k]}`" for k in Kind]
         parts.append(f"SELECT `a`, `e`, {', '.join(slots)}, 0L AS `{DIFF}`, `{ERR}` FROM ({errors})")
     for attribute in tx.attributes:
-        entities = tx.entities.get(attribute.id) if tx.entities is not None else None
+        entities = tx.entities.get(attribute.id) if tx.entities is not None and inline_entities else None
         changes = _attribute_changes(sql, tx_view, attribute, current[attribute.id], entities)
         slots = [f"CAST({'`v`' if k is attribute.kind else 'NULL'} AS {sql_type(k)}) AS `{SLOT[k]}`" for k in Kind]
         parts.append(f"SELECT CAST({attribute.id} AS INT) AS `a`, `e`, {', '.join(slots)}, `{DIFF}`, `{ERR}` "

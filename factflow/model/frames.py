@@ -25,7 +25,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 
 from factflow.model.types import ident
 
-__all__ = ["spark_frame", "values_sql", "in_session", "consolidated", "INLINE_ROWS"]
+__all__ = ["spark_frame", "arrow_table", "values_sql", "in_session", "consolidated", "INLINE_ROWS"]
 
 #: Driver-side relations of at most this many rows enter statements as inline tables
 #: (:func:`values_sql`). On this project's 2-core machine (``benchmarks/inline_relations.py``),
@@ -42,7 +42,7 @@ def spark_frame(spark: SparkSession, frame: pd.DataFrame, schema: T.StructType) 
     ``spark.sql.execution.pandas.convertToArrowArraySafely`` at its default, false). An
     empty frame gives an empty DataFrame whatever dtypes pandas gave its empty columns.
     """
-    return spark.createDataFrame(_arrow_table(frame, schema), schema=schema)
+    return spark.createDataFrame(arrow_table(frame, schema), schema=schema)
 
 
 def values_sql(frame: pd.DataFrame, schema: T.StructType) -> str:
@@ -54,7 +54,7 @@ def values_sql(frame: pd.DataFrame, schema: T.StructType) -> str:
     which Spark casts to the column's type: exact for 64-bit integers and doubles
     (shortest round-trip text), infinities and NaN included.
     """
-    table = _arrow_table(frame, schema)
+    table = arrow_table(frame, schema)
     types = [field.dataType.simpleString() for field in schema.fields]
     if table.num_rows == 0:
         nulls = [f"CAST(NULL AS {t}) AS {ident(f.name)}" for t, f in zip(types, schema.fields)]
@@ -75,7 +75,7 @@ def _literals(column: pa.ChunkedArray) -> pa.ChunkedArray:
     return pc.fill_null(pc.binary_join_element_wise("'", text, "'", ""), "NULL")
 
 
-def _arrow_table(frame: pd.DataFrame, schema: T.StructType) -> pa.Table:
+def arrow_table(frame: pd.DataFrame, schema: T.StructType) -> pa.Table:
     """``frame`` as an Arrow table with the Arrow types of ``schema`` (timestamps truncated to
     microseconds)."""
     arrow_schema = to_arrow_schema(schema)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from factflow.arrangement.batch import drop_view
+from factflow.arrangement.views import drop_view
 from factflow.edn import Keyword
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -1,0 +1,192 @@
+"""Small epochs' statements planned once and run again with new rows.
+
+Spark plans a statement anew for every new text: parsing, analysis, optimization, physical
+planning and building its RDDs cost a small epoch several times what running it does
+(docs/benchmarks.md, "Small epochs that reuse their plans"). The text of a small epoch's
+statement changes from epoch to epoch mostly because the rows held on the driver (the
+transaction, the traces' local batches, fetched intermediate results) are part of it,
+written inline or registered as new views.
+
+While a :class:`Binder` is active (:func:`binding`, around each statement group of a
+small epoch), :func:`factflow.arrangement.batch.local_relation` does not write rows into
+the statement: it *binds* them to a numbered slot in the driver's JVM (factflow's
+``BoundRows`` data source, ``factflow/jvm``) and the statement reads the slot through a
+view named for its number and schema. Slots are numbered in the order a statement asks
+for them, so two epochs whose statements have the same shape produce the same text, and
+:meth:`Binder.run` runs the DataFrame planned for that text again: its scans read the
+slots' new rows when its tasks run. Empty relations are still written inline, so that
+Spark's optimizer drops what they make empty (most of a 1-change epoch's pipelines); a
+shape is thus the set of non-empty inputs, which is what the plan depends on.
+
+A plan is kept only if running it again is sound: without exchanges (their shuffle
+output is reused by a second run) or subqueries (their results are computed once), and
+reading no view but the binder's own and views that outlive epochs (stored batches,
+constant relations: :func:`factflow.arrangement.batch.lasting_views`); a kept plan is
+dropped once one of those views is. At most ``capacity`` plans are kept, the least
+recently used dropped first.
+
+Slots live in the driver's JVM, so binding needs Spark's local mode (tasks in the
+driver's JVM) and factflow's jar on the driver's class path, which factflow's own
+sessions have (:func:`supported`); elsewhere statements are planned every time, as before.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import re
+from collections import OrderedDict
+from contextlib import contextmanager
+from contextvars import ContextVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterator
+
+import pyarrow as pa
+
+from factflow.arrangement.views import drop_view, lasting_views, one_partition
+from factflow.model.frames import arrow_table, values_sql
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import types as T
+
+__all__ = ["JAR", "Binder", "binding", "current", "run", "source_digest", "supported"]
+
+_JVM = Path(__file__).resolve().parent.parent / "jvm"
+#: factflow's jar (built from ``factflow/jvm/src`` by ``scripts/build_jvm.sh``)
+JAR = str(_JVM / "factflow-jvm.jar")
+_SOURCE = "factflow.jvm.BoundRows"
+_VIEWS = re.compile(r"\bff_[a-z]+\d+\b")
+_NOT_REUSABLE = ("Exchange", "Subquery")
+_BINDERS = itertools.count(1)
+_current: ContextVar["Binder | None"] = ContextVar("factflow_binder", default=None)
+
+
+def source_digest() -> str:
+    """SHA-256 of the jar's Java source (paths and contents), as the jar records it."""
+    digest = hashlib.sha256()
+    for path in sorted((_JVM / "src").rglob("*.java")):
+        digest.update(str(path.relative_to(_JVM)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def supported(spark: "SparkSession") -> bool:
+    """Whether statements on ``spark`` can read bound rows: local mode, with factflow's jar
+    on the driver's class path."""
+    master = spark.sparkContext.master
+    if not (master == "local" or master.startswith("local[")):  # local-cluster runs executor JVMs
+        return False
+    try:
+        spark._jvm.java.lang.Class.forName(_SOURCE)
+    except Exception:  # noqa: BLE001 - py4j wraps ClassNotFoundException
+        return False
+    return True
+
+
+class Binder:
+    """One engine's slots and the plans it keeps; see the module docstring."""
+
+    def __init__(self, spark: "SparkSession", capacity: int = 64):
+        self.spark = spark
+        self.capacity = capacity
+        self.planned = 0  # statements planned while active
+        self.reused = 0   # statements run from a kept plan
+        self._id = next(_BINDERS)
+        self._rows = spark._jvm.factflow.jvm.BoundRows
+        self._next = 0
+        self._slots = 0  # slots bound so far (the highest number)
+        self._views: set[str] = set()
+        self._bound: dict[int, tuple[object, str]] = {}
+        self._plans: OrderedDict[str, tuple["DataFrame", frozenset[str]]] = OrderedDict()
+
+    def restart(self) -> None:
+        """Number slots from the first again: a new statement group begins."""
+        self._next = 0
+        self._bound.clear()
+
+    def relation(self, frame: "pd.DataFrame", schema: "T.StructType", owner: object | None = None) -> str:
+        """SQL reading ``frame``'s rows (typed as ``schema``) as one partition: the next slot
+        bound to them, or inline when there are none. The rows of one ``owner`` (a local
+        batch) are bound once per statement group."""
+        if len(frame) == 0:
+            return one_partition(values_sql(frame, schema))
+        if owner is not None and id(owner) in self._bound:
+            return self._bound[id(owner)][1]
+        self._next += 1
+        self._slots = max(self._slots, self._next)
+        slot = f"ffbound{self._id}_{self._next}"
+        table = arrow_table(frame, schema)
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table)
+        self._rows.bind(slot, bytearray(sink.getvalue().to_pybytes()))
+        ddl = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in schema.fields)
+        view = f"{slot}_{hashlib.sha1(ddl.encode()).hexdigest()[:10]}"
+        if view not in self._views:
+            (self.spark.read.format(_SOURCE).option("slot", slot).option("schema", ddl).load()
+             .createOrReplaceTempView(view))
+            self._views.add(view)
+        relation = one_partition(view)
+        if owner is not None:
+            self._bound[id(owner)] = (owner, relation)  # holding the owner keeps its id unique
+        return relation
+
+    def run(self, sql: str) -> pa.Table:
+        """The rows of ``sql`` as Arrow, from the plan kept for this text when there is one."""
+        lasting = lasting_views()
+        for text in [t for t, (_, views) in self._plans.items() if not views <= lasting]:
+            del self._plans[text]
+        kept = self._plans.get(sql)
+        if kept is not None:
+            self._plans.move_to_end(sql)
+            self.reused += 1
+            return kept[0].toArrow()
+        frame = self.spark.sql(sql)
+        table = frame.toArrow()
+        self.planned += 1
+        views = frozenset(_VIEWS.findall(sql))
+        if views <= lasting and self._reusable(frame):
+            self._plans[sql] = (frame, views)
+            if len(self._plans) > self.capacity:
+                self._plans.popitem(last=False)
+        return table
+
+    @staticmethod
+    def _reusable(frame: "DataFrame") -> bool:
+        plan = frame._jdf.queryExecution().executedPlan().toString()
+        return not any(word in plan for word in _NOT_REUSABLE)
+
+    def close(self) -> None:
+        """Forget the kept plans, release the slots' rows and drop their views."""
+        self._plans.clear()
+        self._bound.clear()
+        for number in range(1, self._slots + 1):
+            self._rows.release(f"ffbound{self._id}_{number}")
+        for view in self._views:
+            drop_view(self.spark, view)
+        self._views.clear()
+
+
+def current() -> Binder | None:
+    """The binder active in this thread (None: rows are written into statements)."""
+    return _current.get()
+
+
+@contextmanager
+def binding(binder: Binder | None) -> Iterator[None]:
+    """Make ``binder`` (None: none) the active one for the statements built and run inside,
+    numbering its slots from the first."""
+    if binder is not None:
+        binder.restart()
+    token = _current.set(binder)
+    try:
+        yield
+    finally:
+        _current.reset(token)
+
+
+def run(spark: "SparkSession", sql: str) -> pa.Table:
+    """The rows of ``sql`` as Arrow: through the active binder's kept plans, if one is active."""
+    binder = current()
+    return binder.run(sql) if binder is not None else spark.sql(sql).toArrow()

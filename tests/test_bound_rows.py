@@ -1,0 +1,149 @@
+"""Bound rows: small epochs' statements planned once and run again with new rows.
+
+Every small epoch of the suite's default engines runs through :mod:`factflow.arrangement.bound`
+(the differential tests check its results against the oracle); these tests check that
+plans are in fact kept and run again with the rows of later epochs, and that a plan is
+kept only where running it again is sound.
+"""
+
+from __future__ import annotations
+
+import zipfile
+
+import pandas as pd
+import pytest
+from pyspark.sql import types as T
+
+from factflow import Engine
+from factflow.arrangement import bound
+from factflow.arrangement.views import drop_view, register_view
+from test_differential import CATALOG, JOIN_CATALOG, run_stream
+
+SCHEMA = T.StructType([T.StructField("e", T.LongType()), T.StructField("v", T.StringType())])
+
+
+def _frame(rows: list[tuple[int, str]]) -> pd.DataFrame:
+    return pd.DataFrame({"e": pd.array([e for e, _ in rows], dtype="Int64"), "v": [v for _, v in rows]})
+
+
+@pytest.fixture
+def binder(spark):
+    assert bound.supported(spark), "factflow's sessions put its jar on the driver's class path"
+    binder = bound.Binder(spark)
+    yield binder
+    binder.close()
+
+
+def test_the_jar_is_built_from_its_source():
+    with zipfile.ZipFile(bound.JAR) as jar:
+        recorded = jar.read("factflow/jvm/source.sha256").decode().strip()
+    assert recorded == bound.source_digest(), "the Java source changed: run scripts/build_jvm.sh"
+
+
+def test_a_kept_plan_reads_the_rows_bound_when_it_runs(spark, binder):
+    def count_by_value(rows):
+        with bound.binding(binder):
+            relation = binder.relation(_frame(rows), SCHEMA)
+            table = bound.run(spark, f"SELECT v, count(*) AS n FROM {relation} GROUP BY v")
+        return dict(zip(table.column("v").to_pylist(), table.column("n").to_pylist()))
+
+    assert count_by_value([(1, "a"), (2, "a"), (3, "it's")]) == {"a": 2, "it's": 1}
+    assert (binder.planned, binder.reused) == (1, 0)
+    assert count_by_value([(4, "b"), (5, None)]) == {"b": 1, None: 1}
+    assert count_by_value([(6, "c")] * 3) == {"c": 3}
+    assert (binder.planned, binder.reused) == (1, 2)  # one plan, run three times
+    assert count_by_value([]) == {}  # no rows: written inline, a plan of its own
+    assert binder.planned == 2
+
+
+def test_a_batch_read_twice_in_a_statement_is_bound_once(spark, binder):
+    owner = object()
+    with bound.binding(binder):
+        first = binder.relation(_frame([(1, "a")]), SCHEMA, owner=owner)
+        assert binder.relation(_frame([(1, "a")]), SCHEMA, owner=owner) == first
+        assert binder.relation(_frame([(1, "a")]), SCHEMA) != first
+    with bound.binding(binder):  # a new statement group numbers its slots from the first
+        assert binder.relation(_frame([(2, "b")]), SCHEMA, owner=owner) == first
+
+
+def test_plans_that_cannot_run_again_soundly_are_not_kept(spark, binder):
+    with bound.binding(binder):
+        relation = binder.relation(_frame([(1, "a"), (2, "b")]), SCHEMA)
+        spark.conf.set("spark.sql.shuffle.partitions", "2")  # a GROUP BY over two partitions shuffles
+        try:
+            text = f"SELECT v, count(*) AS n FROM (SELECT * FROM {relation} DISTRIBUTE BY e) GROUP BY v"
+            for _ in range(2):
+                assert bound.run(spark, text).num_rows == 2
+        finally:
+            spark.conf.unset("spark.sql.shuffle.partitions")
+    assert (binder.planned, binder.reused) == (2, 0)
+
+
+def test_a_kept_plan_is_dropped_with_a_view_it_reads(spark, binder):
+    view = register_view(spark.range(3), prefix="ff_b", lasting=True)
+    text = f"SELECT id FROM {view} WHERE id > 0"  # no exchange: kept
+    with bound.binding(binder):
+        assert sorted(bound.run(spark, text).column("id").to_pylist()) == [1, 2]
+        assert sorted(bound.run(spark, text).column("id").to_pylist()) == [1, 2]
+        assert (binder.planned, binder.reused) == (1, 1)
+        drop_view(spark, view)
+        view_again = register_view(spark.range(5), prefix="ff_b", lasting=True)
+        try:
+            assert bound.run(spark, f"SELECT id FROM {view_again}").num_rows == 5
+        finally:
+            drop_view(spark, view_again)
+        bound.run(spark, "SELECT 1 AS one")  # a kept plan is dropped at the next run after its view
+    assert not any(views for _, views in binder._plans.values()), "no plan outlives the views it reads"
+
+
+def test_statements_without_an_active_binder_are_planned_as_before(spark, binder):
+    relation = binder.relation(_frame([(1, "a")]), SCHEMA)  # bound, but not active when run
+    assert bound.current() is None
+    assert bound.run(spark, f"SELECT count(*) AS n FROM {relation}").column("n").to_pylist() == [1]
+    assert binder.planned == 0
+
+
+REUSED = [q for q in CATALOG + JOIN_CATALOG if any(s in q[0] for s in (
+    ":d/friend ?b] [?b :d/friend ?c]",
+    "(count ?e)",
+    "(mutual ?a ?b)",
+    "(not [?b :d/friend ?a])",
+))]
+
+
+@pytest.mark.parametrize("join", ["delta", "wco"])
+def test_small_epochs_reuse_their_plans_and_match_the_oracle(spark, monkeypatch, join):
+    """One-operation transactions repeat a few shapes: most epochs run kept plans, with
+    their own rows, and every query matches the oracle after every epoch."""
+    binders: list[bound.Binder] = []
+    original = bound.Binder.__init__
+
+    def tracked(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        binders.append(self)
+
+    monkeypatch.setattr(bound.Binder, "__init__", tracked)
+    assert len(REUSED) >= 4
+    run_stream(spark, 41, epochs=16, queries=REUSED, join=join, max_ops=1)
+    assert len(binders) == 1
+    assert binders[0].reused >= binders[0].planned, (binders[0].planned, binders[0].reused)
+
+
+def test_an_engine_on_a_session_without_the_jar_plans_every_statement(spark, monkeypatch):
+    monkeypatch.setattr(bound, "supported", lambda session: False)
+    with Engine(spark=spark) as db:
+        assert db._state.binder is None
+        db.create_attribute(":n", type="long")
+        q = db.query("[:find ?e ?n :where [?e :n ?n]]")
+        db.transact([[":db/add", 1, ":n", 5]])
+        assert q.results() == {(1, 5): 1}
+
+
+def test_an_epoch_reports_the_statements_it_ran_from_kept_plans(engine):
+    engine.create_attribute(":n", type="long")
+    q = engine.query("[:find ?e ?n :where [?e :n ?n] [(> ?n 2)]]")
+    for e in range(1, 5):  # the same shape every epoch: one new fact
+        engine.transact([[":db/add", e, ":n", e]])
+    report = engine.epoch_log[-1]
+    assert report.statements >= 2 and report.plans_reused == report.statements, report.describe()
+    assert q.results() == {(3, 3): 1, (4, 4): 1}

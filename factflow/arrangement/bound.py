@@ -21,7 +21,7 @@ shape is thus the set of non-empty inputs, which is what the plan depends on.
 A plan is kept only if running it again is sound: without exchanges (their shuffle
 output is reused by a second run) or subqueries (their results are computed once), and
 reading no view but the binder's own and views that outlive epochs (stored batches,
-constant relations: :func:`factflow.arrangement.batch.lasting_views`); a kept plan is
+constant relations: :func:`factflow.arrangement.views.lasting_views`); a kept plan is
 dropped once one of those views is. At most ``capacity`` plans are kept, the least
 recently used dropped first.
 
@@ -115,7 +115,7 @@ class Binder:
             return self._bound[id(owner)][1]
         self._next += 1
         self._slots = max(self._slots, self._next)
-        slot = f"ffbound{self._id}_{self._next}"
+        slot = self._slot(self._next)
         table = arrow_table(frame, schema)
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, table.schema) as writer:
@@ -152,6 +152,10 @@ class Binder:
                 self._plans.popitem(last=False)
         return table
 
+    def _slot(self, number: int) -> str:
+        """The name of this binder's slot ``number``."""
+        return f"ffbound{self._id}_{number}"
+
     @staticmethod
     def _reusable(frame: "DataFrame") -> bool:
         plan = frame._jdf.queryExecution().executedPlan().toString()
@@ -162,7 +166,7 @@ class Binder:
         self._plans.clear()
         self._bound.clear()
         for number in range(1, self._slots + 1):
-            self._rows.release(f"ffbound{self._id}_{number}")
+            self._rows.release(self._slot(number))
         for view in self._views:
             drop_view(self.spark, view)
         self._views.clear()

@@ -58,6 +58,8 @@ REQUIRED_SQL_CONF = {
 
 _POOLS = Path(__file__).resolve().with_name("fairscheduler.xml")
 
+_CLASS_PATH = "spark.driver.extraClassPath"
+
 #: Settings for an engine-owned session: small shuffles, Arrow transfers, UTC, no UI, and
 #: a driver GC every minute: Spark frees the broadcasts and local relations of finished
 #: statements only once the JVM has collected them, and a recursive epoch issues hundreds
@@ -94,7 +96,7 @@ DEFAULT_SPARK_CONF = {
     "spark.python.daemon.module": "factflow.engine.worker_daemon",
     # factflow's jar: small epochs' statements read driver-held rows bound when they run,
     # so their plans are kept across epochs (factflow.arrangement.bound)
-    "spark.driver.extraClassPath": bound.JAR,
+    _CLASS_PATH: bound.JAR,
     **REQUIRED_SQL_CONF,
 }
 
@@ -103,8 +105,7 @@ DEFAULT_SPARK_CONF = {
 #: keep pages of Spark's default size alive (see above); without the second, Python
 #: workers start without factflow's modules loaded; without factflow's jar on the driver's
 #: class path, small epochs plan every statement anew.
-START_UP_SETTINGS = ("spark.buffer.pageSize", "spark.python.daemon.module", "spark.driver.extraClassPath")
-_CLASS_PATH = "spark.driver.extraClassPath"
+START_UP_SETTINGS = ("spark.buffer.pageSize", "spark.python.daemon.module", _CLASS_PATH)
 
 MIN_JAVA = 17
 

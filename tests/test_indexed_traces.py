@@ -48,13 +48,25 @@ def test_probed_state_matches_the_oracle(spark, join, probes):
 
 
 def test_a_selective_install_probes_from_its_constant(spark, probes):
-    """An install whose pipeline starts from a constant-bound pattern looks its stages up by key."""
+    """An install whose pipeline starts from a constant-bound pattern looks its stages up by
+    key, in one Spark task without a shuffle, and its result (stored in that one partition)
+    is maintained like any other."""
     from factflow import Engine
+    from factflow.engine.reports import spark_jobs
 
     edges = [(1, 2), (1, 3), (2, 4), (3, 4), (4, 5), (5, 1), (6, 7)]
     with Engine(spark=spark, config=EngineConfig(local_limit=1)) as db:
         db.create_attribute(":e", type="ref")
         db.transact([[":db/add", a, ":e", b] for a, b in edges])  # bulk: stored, indexed batches
-        q = db.query("[:find ?b ?c :where [1 :e ?b] [?b :e ?c]]", join="delta")
+        q = db.query("[:find ?b ?c :where [1 :e ?b] [?b :e ?c]]", name="from-one", join="delta")
         assert probes, "the install scanned instead of probing"
+        jobs = spark_jobs(spark, f"factflow-{db._id}-install-from-one")
+        computed = [(j.tasks, j.rows_shuffled) for j in jobs if (j.description or "").endswith("result (pending)")]
+        assert computed == [(1, 0)]  # (the other jobs build the attribute's reverse index)
         assert q.results() == {(2, 4): 1, (3, 4): 1}
+        for change in ([[":db/add", 2, ":e", 6], [":db/retract", 3, ":e", 4]],
+                       [[":db/add", 1, ":e", 4], [":db/retract", 1, ":e", 2]],
+                       [[":db/add", 3, ":e", 4]]):
+            db.transact(change)
+            db.wait_for_maintenance()  # merges the one-partition batch with later ones
+        assert q.results() == {(3, 4): 1, (4, 5): 1}

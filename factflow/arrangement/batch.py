@@ -120,9 +120,11 @@ def checkpoint(frame: DataFrame) -> tuple[DataFrame, int]:
 
     One Spark job: the checkpoint is lazy, and the count materializes it (its blocks are
     stored as the count reads them, and the lineage is cut when the job ends). An eager
-    checkpoint followed by a count runs two jobs over the same rows."""
+    checkpoint followed by a count runs two jobs over the same rows. The rows are counted
+    per partition by the job's own tasks (a count of the stored rows' RDD), not by
+    ``DataFrame.count``, which plans an aggregate and a stage of its own above them."""
     stored = frame.localCheckpoint(eager=False)
-    return stored, stored.count()
+    return stored, stored._jdf.queryExecution().toRdd().count()
 
 
 def checkpoint_indexed(frame: DataFrame, key: tuple[str, ...], directory: str) -> tuple[DataFrame, int, list[str]]:

@@ -36,6 +36,7 @@ from typing import Sequence, Union as TypingUnion
 
 from factflow.arrangement.batch import DIFF
 from factflow.arrangement.trace import TraceHandle
+from factflow.arrangement.views import one_partition
 from factflow.dataflow import zset
 from factflow.dataflow.context import EpochContext, Version
 from factflow.dataflow.lookup import TRACE_DIFF, probe
@@ -253,7 +254,12 @@ class DeltaJoin(Node):
 
     def _read(self, cx, version):
         if cx.install and selective(self.reader.source):
-            cx = cx.child(probes=True)  # a small start (inputs, a constant key): every stage looks up few keys
+            # a small start (inputs, a constant key): every stage looks up few keys, in the
+            # one partition the start is in; operators above see that, so an install's
+            # aggregates and its stored result need no shuffle
+            cx = cx.child(probes=True)
+            start = self.reader.source.read(cx, version)
+            return cx.define(one_partition(self._run(cx, self.reader, start, lambda position: version)))
         start = self.reader.source.read(cx, version)
         return self._run(cx, self.reader, start, lambda position: version)
 

@@ -238,7 +238,7 @@ class Evaluation:
             relation = node.state_delta(cx) if step == STATE else node.pending(cx)
             if relation is None:
                 continue
-            frame = node.writer.organize(self.spark.sql(cx.statement(f"SELECT * FROM {relation}")))
+            frame = self._organized(node, self.spark.sql(cx.statement(f"SELECT * FROM {relation}")))
             sc.setJobDescription(f"{label}: {node.writer.name} ({step})")
             stored, rows = checkpoint(frame)
             view = register_view(stored, prefix="ff_p")
@@ -254,6 +254,17 @@ class Evaluation:
             if node in subscribed:
                 sc.setJobDescription(f"{label}: output of {node.writer.name}")
                 outputs[node] = stored.toArrow().to_pandas()
+
+    def _organized(self, node: Stateful, frame: DataFrame) -> DataFrame:
+        """``frame`` organized as ``node``'s trace stores batches. An install's rows that Spark
+        plans in one partition (from a small start, see :class:`factflow.dataflow.delta.DeltaJoin`)
+        are sorted where they are, not shuffled, so that its statement runs as one stage;
+        the plan that tells is the one the checkpoint then runs."""
+        if self.cx.install:
+            sorted_in_place = node.writer.organize(frame, shuffle=False)
+            if sorted_in_place._jdf.queryExecution().executedPlan().outputPartitioning().numPartitions() == 1:
+                return sorted_in_place
+        return node.writer.organize(frame)
 
 
 def _over_result_limit(exc: BaseException) -> bool:

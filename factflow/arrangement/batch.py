@@ -8,7 +8,9 @@ Two physical forms exist:
   (written into the statement as an inline table when it has only a few rows, see
   :func:`local_relation`);
 * a *stored* batch is a DataFrame checkpointed on the executors (``localCheckpoint``),
-  hash-partitioned and sorted by the trace's key so joins on that key need not shuffle it.
+  hash-partitioned and sorted by the trace's key so joins on that key need not shuffle it
+  (or, when Spark computed it in one partition, such as an install from a constant, kept
+  in that partition and sorted: a single partition needs no shuffle either).
   Checkpointing cuts the lineage: the batch's plan is a plain scan of stored blocks, so
   plans never grow with the number of epochs. (Spark's columnar cache scans about a
   third faster, but plans that read a cached relation twice trip analyzer bugs in

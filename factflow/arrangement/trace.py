@@ -447,7 +447,7 @@ class Trace:
 
     def organize(self, frame: DataFrame, shuffle: bool = True) -> DataFrame:
         """``frame`` partitioned by the key and sorted within partitions, as stored batches
-        are (``shuffle=False``: partitioned already, see :meth:`by_key`)."""
+        are (``shuffle=False``: partitioned already, see :meth:`by_key`, or in one partition)."""
         key = list(self.layout.index_key)
         return (self.by_key(frame) if shuffle else frame).sortWithinPartitions(*key)
 

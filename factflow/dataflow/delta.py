@@ -253,15 +253,15 @@ class DeltaJoin(Node):
         return cx.define(zset.union(parts, self.names)) if parts else None
 
     def _read(self, cx, version):
-        if cx.install and selective(self.reader.source):
-            # a small start (inputs, a constant key): every stage looks up few keys, in the
-            # one partition the start is in; operators above see that, so an install's
-            # aggregates and its stored result need no shuffle
+        # a small start (inputs, a constant key): every stage looks up few keys, in the one
+        # partition the start is in; operators above see that, so an install's aggregates
+        # and its stored result need no shuffle
+        small = cx.install and selective(self.reader.source)
+        if small:
             cx = cx.child(probes=True)
-            start = self.reader.source.read(cx, version)
-            return cx.define(one_partition(self._run(cx, self.reader, start, lambda position: version)))
         start = self.reader.source.read(cx, version)
-        return self._run(cx, self.reader, start, lambda position: version)
+        read = self._run(cx, self.reader, start, lambda position: version)
+        return cx.define(one_partition(read)) if small else read
 
     def _run(self, cx: EpochContext, pipeline: Pipeline, relation: str, version_of) -> str:
         columns = list(pipeline.source.columns)

@@ -12,7 +12,7 @@ import datetime as dt
 import pyarrow as pa
 import pytest
 
-from factflow.arrangement.index import KEY_HASH, PROBE_HASH, Probe, arrow_schema
+from factflow.arrangement.index import KEY_HASH, PROBE_HASH, Probe, ProbeChain, arrow_schema, long_hash
 from factflow.model.types import Kind
 
 TRACE = [("e", Kind.LONG), ("v", Kind.STRING)]
@@ -44,8 +44,9 @@ def prefix(rows, columns=(("k", Kind.LONG),)):
     return pa.Table.from_pydict(data, schema=schema)
 
 
-def run(spec: Probe, table: pa.Table) -> list[tuple]:
-    out = pa.Table.from_batches(list(spec(iter(table.to_batches()))), schema=arrow_schema(spec.output))
+def run(spec: Probe | ProbeChain, table: pa.Table) -> list[tuple]:
+    chain = spec if isinstance(spec, ProbeChain) else ProbeChain([spec])
+    out = pa.Table.from_batches(list(chain(iter(table.to_batches()))), schema=arrow_schema(chain.probes[-1].output))
     return sorted(tuple(r.values()) for r in out.to_pylist())
 
 
@@ -119,3 +120,41 @@ def test_string_and_instant_keys_of_any_content(tmp_path):
                  hash_on=[("k", "e")], join_on=[("k", "e")], values=[("v", "when")], as_of=5)
     got = run(spec, prefix([(k, 1) for k in keys] + [("absent", 1)], columns))
     assert got == sorted((k, 1, when, 1) for k in keys)
+
+
+def test_a_chain_probes_the_product_of_the_probe_before(tmp_path):
+    """Two probes in one chain (a path a->b->c through ``e -> v`` edges): the second one's
+    prefix is the first one's output times its trace diffs, its key hashed in the task as
+    Spark does (files sorted by that hash), sliced when large; equal to the two probes one
+    after the other with the product taken in between."""
+    schema = arrow_schema([("e", Kind.LONG), ("v", Kind.LONG), ("_t", Kind.LONG), ("_diff", Kind.LONG)])
+    edges = [(1, 2, 1, 1), (1, 3, 1, 1), (2, 4, 1, 1), (2, 5, 1, 2), (3, 4, 1, 1), (3, 4, 2, -1), (4, 1, 1, 1),
+             (-9, 6, 1, 1), (2 ** 62, -1, 1, 1)]
+    table = pa.table({n: [r[i] for r in edges] for i, n in enumerate(schema.names)}, schema=schema)
+    table = table.append_column(KEY_HASH, pa.array(long_hash([table.column("e")])))
+    table = table.take(pa.array(sorted(range(len(edges)), key=lambda i: table.column(KEY_HASH)[i].as_py())))
+    path = str(tmp_path / "edges.arrow")
+    with pa.ipc.new_file(path, table.schema) as writer:
+        writer.write_table(table)
+
+    def hop(columns, key):
+        return Probe(paths=[path], local=[], trace_schema=schema, prefix_columns=columns + [("_diff", Kind.LONG)],
+                     hash_on=[(key, "e")], join_on=[(key, "e")], values=[("v", chr(ord(key) + 1))], as_of=5)
+
+    first, second = hop([("a", Kind.LONG)], "a"), hop([("a", Kind.LONG), ("b", Kind.LONG)], "b")
+    assert second.hashes_in_task()
+    starts = pa.table({"a": [1, 2, -9, 7, None], "_diff": [1, 3, 1, 1, 1]})
+    starts = starts.append_column(PROBE_HASH, pa.array(long_hash([starts.column("a")])))
+    by_steps = []
+    for a, d, b, t in run(first, starts):
+        hashed = pa.table({"a": [a], "b": [b], "_diff": [d * t], PROBE_HASH: long_hash([pa.array([b])])})
+        by_steps += run(second, hashed)
+    for slice_rows in (1, 2, 1 << 20):
+        assert run(ProbeChain([first, second], slice_rows), starts) == sorted(by_steps)
+    assert sorted(by_steps) == sorted([(1, 2, 1, 4, 1), (1, 2, 1, 5, 2), (1, 3, 1, 4, 1), (1, 3, 1, 4, -1),
+                                      (2, 4, 3, 1, 1)])
+
+
+def test_long_hash_leaves_the_hash_as_it_is_at_a_null():
+    with_null = long_hash([pa.array([5, 5]), pa.array([None, 7])])
+    assert with_null[0] == long_hash([pa.array([5])])[0] and with_null[1] != with_null[0]

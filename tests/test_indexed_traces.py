@@ -29,13 +29,13 @@ PROBED = [q for q in CATALOG + JOIN_CATALOG if any(s in q[0] for s in (
 def probes(monkeypatch):
     """Counts the probes Spark tasks ran (through the driver-side entry point)."""
     calls = []
-    original = index.Probe.run
+    original = index.ProbeChain.run
 
     def counted(self, prefix):
-        calls.append(self.how)
+        calls.append([p.how for p in self.probes])
         return original(self, prefix)
 
-    monkeypatch.setattr(index.Probe, "run", counted)
+    monkeypatch.setattr(index.ProbeChain, "run", counted)
     return calls
 
 
@@ -45,6 +45,8 @@ def test_probed_state_matches_the_oracle(spark, join, probes):
     run_stream(spark, 300, epochs=10, queries=PROBED, join=join, max_ops=1,
                config=EngineConfig(local_limit=1))
     assert probes, "no epoch probed an index"
+    if join == "delta":
+        assert any(len(chain) > 1 for chain in probes), "no lookup continued the probe chain before it"
 
 
 def test_a_selective_install_probes_from_its_constant(spark, probes):
@@ -70,3 +72,20 @@ def test_a_selective_install_probes_from_its_constant(spark, probes):
             db.transact(change)
             db.wait_for_maintenance()  # merges the one-partition batch with later ones
         assert q.results() == {(3, 4): 1, (4, 5): 1}
+
+
+def test_long_hash_is_sparks_xxhash64(spark):
+    """Chained probes hash their keys in the task; the hash must be the one Spark sorted the
+    index files by, for any LONG values, several columns and nulls."""
+    import numpy as np
+    import pandas as pd
+    import pyarrow as pa
+
+    rng = np.random.default_rng(7)
+    a = np.concatenate([rng.integers(-2 ** 63, 2 ** 63 - 1, 500, dtype=np.int64), [0, -1, 1, 2 ** 63 - 1, -2 ** 63]])
+    b = [None if i % 7 == 0 else int(x) for i, x in enumerate(rng.integers(-9, 9, len(a)))]
+    frame = spark.createDataFrame(pd.DataFrame({"a": a, "b": pd.array(b, dtype="Int64")}))
+    hashed = frame.selectExpr("a", "b", f"{index.hash_sql(['a'])} AS h1", f"{index.hash_sql(['a', 'b'])} AS h2").toArrow()
+    assert np.array_equal(index.long_hash([hashed.column("a")]), hashed.column("h1").to_numpy())
+    assert np.array_equal(index.long_hash([hashed.column("a"), hashed.column("b")]), hashed.column("h2").to_numpy())
+    assert index.long_hash([pa.array([None], pa.int64())]).tolist() == [42]  # the seed, unchanged

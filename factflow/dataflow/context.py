@@ -11,6 +11,8 @@ from factflow.dataflow.statement import Statement
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
 
+    from factflow.arrangement.index import ProbeChain
+
 __all__ = ["Version", "EpochContext"]
 
 
@@ -45,6 +47,8 @@ class EpochContext:
         self._probes: bool | None = None  # None: probe in small epochs only
         self._memo: dict[tuple[int, str], str | None] = {}
         self._sql = Statement(single_partition=small)
+        #: probe products and the chains that make them (see :func:`factflow.dataflow.lookup.probe_product`)
+        self.chains: dict[str, tuple["DataFrame", "ProbeChain"]] = {}
 
     @property
     def old_epoch(self) -> int:
@@ -86,6 +90,7 @@ class EpochContext:
         sub._memo = dict(self._memo)
         sub._sql = self._sql
         sub.views = self.views
+        sub.chains = self.chains
         sub._probes = self._probes if probes is None else probes
         return sub
 

@@ -9,18 +9,30 @@ prefix relation is hashed by Spark, handed to the probe as Arrow batches, and th
 output is named for the SQL that follows. Otherwise :func:`probe` returns None and the
 operator joins as before (a SQL join over the trace's batches, which is what small,
 driver-held traces and bulk epochs want).
+
+A lookup that multiplies the diffs of prefix and trace rows (:func:`probe_product`: a
+delta pipeline's lookups and validations, a join against an arranged input) is recorded
+with the evaluation; a lookup whose prefix is such a product, keyed by LONG columns, joins
+the probe that made it in one :class:`factflow.arrangement.index.ProbeChain`, so that a
+pipeline's lookups run in one Python worker, rows between them never passing through Spark.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
-from factflow.arrangement.index import PROBE_HASH, TRACE_DIFF, Probe, hash_sql
+from factflow.arrangement.batch import DIFF
+from factflow.arrangement.index import PROBE_HASH, TRACE_DIFF, Probe, ProbeChain, hash_sql
 from factflow.arrangement.trace import TraceHandle
+from factflow.dataflow import zset
 from factflow.dataflow.context import EpochContext
+from factflow.dataflow.zset import ident
 from factflow.model.types import Kind
 
-__all__ = ["probe", "TRACE_DIFF"]
+__all__ = ["probe", "probe_product", "TRACE_DIFF"]
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pyspark.sql import DataFrame
 
 
 def probe(cx: EpochContext, handle: TraceHandle, prefix: str, prefix_columns: Sequence[tuple[str, Kind]],
@@ -34,6 +46,37 @@ def probe(cx: EpochContext, handle: TraceHandle, prefix: str, prefix_columns: Se
     :class:`Probe`), the prefix's columns and ``_diff`` (or, for ``semi``, the matched
     keys), the values, and ``_tdiff``.
     """
+    spec = _spec(cx, handle, prefix_columns, on, values, as_of, how, present)
+    return None if spec is None else cx.register(spec.run(_hashed(cx, prefix, spec)))
+
+
+def probe_product(cx: EpochContext, handle: TraceHandle, prefix: str, prefix_columns: Sequence[tuple[str, Kind]],
+                  on: Sequence[tuple[str, str]], values: Sequence[tuple[str, str]], as_of: int,
+                  present: bool = False) -> str | None:
+    """``prefix`` joined with ``handle``'s trace as of ``as_of`` by a probe, as a Z-set:
+    the prefix's columns, the values' output names, and ``_diff``, the product of the prefix
+    row's and the trace row's diffs; None when a probe does not apply (see :func:`probe`
+    for ``on``, ``values`` and ``present``). When ``prefix`` is itself such a product (of this
+    evaluation), the probe continues the chain that made it."""
+    spec = _spec(cx, handle, prefix_columns, on, values, as_of, "inner", present)
+    if spec is None:
+        return None
+    before = cx.chains.get(prefix)
+    if before is not None and spec.hashes_in_task():
+        source, chain = before[0], before[1].then(spec)
+    else:
+        source, chain = _hashed(cx, prefix, spec), ProbeChain([spec])
+    names = [n for n, _ in prefix_columns] + [out for _, out in values]
+    product = cx.define(zset.select(cx.register(chain.run(source)), names, diff=f"{ident(DIFF)} * {ident(TRACE_DIFF)}"))
+    cx.chains[product] = (source, chain)
+    return product
+
+
+def _spec(cx: EpochContext, handle: TraceHandle, prefix_columns: Sequence[tuple[str, Kind]],
+          on: Sequence[tuple[str, str]], values: Sequence[tuple[str, str]], as_of: int, how: str,
+          present: bool) -> Probe | None:
+    """The probe of ``handle``'s trace, or None when a probe does not apply: outside small
+    epochs, when ``on`` does not cover the trace's key, or when the trace has no stored batch."""
     if not cx.probes:
         return None
     trace_of = {p: t for p, t in on}
@@ -45,8 +88,11 @@ def probe(cx: EpochContext, handle: TraceHandle, prefix: str, prefix_columns: Se
         return None
     paths, local = sources
     columns = list(prefix_columns) + [("_diff", Kind.LONG)]
-    spec = Probe(paths=paths, local=local, trace_schema=handle.layout.arrow_schema(), prefix_columns=columns,
+    return Probe(paths=paths, local=local, trace_schema=handle.layout.arrow_schema(), prefix_columns=columns,
                  hash_on=[(by_trace[k], k) for k in handle.key], join_on=[(p, trace_of[p]) for p, _ in on],
                  values=list(values), as_of=as_of, how=how, present=present)
-    hashed = cx.frame(f"(SELECT *, {hash_sql([by_trace[k] for k in handle.key])} AS {PROBE_HASH} FROM {prefix})")
-    return cx.register(spec.run(hashed))
+
+
+def _hashed(cx: EpochContext, prefix: str, spec: Probe) -> "DataFrame":
+    """``prefix`` with ``_ph``, the hash of the probe's key columns, computed by Spark."""
+    return cx.frame(f"(SELECT *, {hash_sql([p for p, _ in spec.hash_on])} AS {PROBE_HASH} FROM {prefix})")

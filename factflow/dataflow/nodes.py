@@ -27,7 +27,7 @@ from factflow.arrangement.views import one_partition
 from factflow.arrangement.trace import Trace, TraceHandle
 from factflow.dataflow import zset
 from factflow.dataflow.context import EpochContext, Version
-from factflow.dataflow.lookup import TRACE_DIFF, probe
+from factflow.dataflow.lookup import TRACE_DIFF, probe, probe_product
 from factflow.dataflow.slots import Allocator, HandleSlot, RowsSlot, TraceSlot, plain
 from factflow.dataflow.zset import ident, literal
 from factflow.model.types import Kind
@@ -227,10 +227,10 @@ class Scan(Node):
         if self.e_const is None and self.v_const is None and not (self.e_col is not None and self.e_col == self.v_col):
             source = {self.e_col: "e", self.v_col: "v"}
             values = [(source[c], c) for c in self.names if c not in on]
-            probed = probe(cx, self.handle, frame, frame_columns, [(c, source[c]) for c in on], values,
-                           _as_of(cx, version))
-            if probed is not None:
-                return cx.define(_times_trace_diff(probed, [n for n, _ in frame_columns] + [c for _, c in values]))
+            product = probe_product(cx, self.handle, frame, frame_columns, [(c, source[c]) for c in on], values,
+                                    _as_of(cx, version))
+            if product is not None:
+                return product
         return super().join_into(cx, version, frame, frame_columns, on)
 
     def describe(self):
@@ -240,11 +240,6 @@ class Scan(Node):
 def _as_of(cx: EpochContext, version: Version) -> int:
     """The epoch a read of ``version`` is as of."""
     return cx.epoch if version is Version.NEW else cx.old_epoch
-
-
-def _times_trace_diff(probed: str, names: Sequence[str]) -> str:
-    """A probe's output as a Z-set: its columns, the product of prefix and trace diffs."""
-    return zset.select(probed, names, diff=f"{ident(DIFF)} * {ident(TRACE_DIFF)}")
 
 
 class Static(Node):
@@ -555,6 +550,16 @@ class Stateful(Node):
         return probe(cx, self.handle, frame, frame_columns, [(c, c) for c in on], values, cx.old_epoch,
                      how=how, present=present)
 
+    def product_old(self, cx: EpochContext, frame: str, frame_columns: Columns, on: Sequence[str],
+                    present: bool = False) -> str | None:
+        """``frame`` joined with the trace as of the epoch before by a probe, as a Z-set
+        (:func:`.lookup.probe_product`: it may continue the probe chain that made ``frame``)."""
+        if not self.names or cx.install:
+            return None
+        values = [(n, n) for n in self.names if n not in on]
+        return probe_product(cx, self.handle, frame, frame_columns, [(c, c) for c in on], values, cx.old_epoch,
+                             present=present)
+
     def without(self, cx: EpochContext, version: Version, frame: str, frame_columns: Columns,
                 on: Sequence[str]) -> str:
         """The rows of ``frame`` whose ``on`` columns are not in this collection as of
@@ -578,11 +583,11 @@ class Arranged(Stateful):
 
     def join_into(self, cx, version, frame, frame_columns, on):
         """Probe the old state by the frame's keys (plus, as of NEW, join this epoch's change)."""
-        probed = self.probe_old(cx, frame, frame_columns, on)
-        if probed is None:
+        product = self.product_old(cx, frame, frame_columns, on)
+        if product is None:
             return super().join_into(cx, version, frame, frame_columns, on)
         names = [n for n, _ in frame_columns] + [n for n in self.names if n not in on]
-        parts = [cx.define(_times_trace_diff(probed, names))]
+        parts = [product]
         d = self.state_delta(cx) if version is Version.NEW else None
         if d is not None:
             parts.append(cx.define(zset.join(frame, [n for n, _ in frame_columns], d, self.names, on)))
@@ -640,10 +645,9 @@ class Distinct(Stateful):
     def join_into(self, cx, version, frame, frame_columns, on):
         """Join with the present set; probed by key when it has not changed in this epoch."""
         unchanged = version is Version.OLD or self.state_delta(cx) is None
-        probed = self.probe_old(cx, frame, frame_columns, on, present=True) if unchanged else None
-        if probed is not None:
-            names = [n for n, _ in frame_columns] + [n for n in self.names if n not in on]
-            return cx.define(_times_trace_diff(probed, names))
+        product = self.product_old(cx, frame, frame_columns, on, present=True) if unchanged else None
+        if product is not None:
+            return product
         touched = zset.semijoin(self.state(cx, version), frame, on)
         present = self._present(cx, f"({touched})")
         return cx.define(zset.join(frame, [n for n, _ in frame_columns], present, self.names, on))

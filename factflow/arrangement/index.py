@@ -271,8 +271,9 @@ class ProbeChain:
     lookup is often followed by a validation whose input is many times the change (the
     heaviest triangle epoch over oregon1 looks up 6.3 million paths for 4,093 changed edges
     and keeps a few thousand): chained, those rows are neither converted to Spark rows and
-    back nor projected and hashed by Spark. A probe output larger than ``slice_rows`` goes
-    on to the next probe in slices of that many rows, which bounds a task's memory.
+    back nor projected and hashed by Spark. A probe's output goes on to the next probe in
+    slices of at most ``slice_rows`` rows, so the probes after the first work on a bounded
+    number of rows at a time.
     """
 
     probes: list[Probe]

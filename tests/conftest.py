@@ -9,6 +9,8 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
+SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
+
 
 @pytest.fixture(scope="session")
 def spark():
@@ -17,10 +19,25 @@ def spark():
     session = create_session(
         "local[2]",
         app_name="factflow-tests",
-        conf={"spark.driver.memory": "2g", "spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2"},
+        conf={"spark.driver.memory": "2g", SHUFFLE_PARTITIONS: "2", "spark.default.parallelism": "2"},
     )
     yield session
     session.stop()
+
+
+@pytest.fixture(autouse=True)
+def _shuffle_partitions_left_as_they_were():
+    """Fails a test that leaves the shared session's shuffle partitions changed. Unsetting
+    them falls back to Spark's default of 200, not to the session's 2: every later bulk
+    statement and merge then shuffled into 200 tasks, and the suite ran several times slower."""
+    yield
+    from pyspark.sql import SparkSession
+
+    session = SparkSession.getActiveSession()
+    if session is not None and not session.sparkContext._jsc.sc().isStopped():
+        left = session.conf.get(SHUFFLE_PARTITIONS)
+        session.conf.set(SHUFFLE_PARTITIONS, "2")  # so that only this test fails
+        assert left == "2", f"the test left {SHUFFLE_PARTITIONS} at {left}"
 
 
 @pytest.fixture

@@ -69,13 +69,14 @@ def test_a_batch_read_twice_in_a_statement_is_bound_once(spark, binder):
 def test_plans_that_cannot_run_again_soundly_are_not_kept(spark, binder):
     with bound.binding(binder):
         relation = binder.relation(_frame([(1, "a"), (2, "b")]), SCHEMA)
+        before = spark.conf.get("spark.sql.shuffle.partitions")
         spark.conf.set("spark.sql.shuffle.partitions", "2")  # a GROUP BY over two partitions shuffles
         try:
             text = f"SELECT v, count(*) AS n FROM (SELECT * FROM {relation} DISTRIBUTE BY e) GROUP BY v"
             for _ in range(2):
                 assert bound.run(spark, text).num_rows == 2
         finally:
-            spark.conf.unset("spark.sql.shuffle.partitions")
+            spark.conf.set("spark.sql.shuffle.partitions", before)
     assert (binder.planned, binder.reused) == (2, 0)
 
 

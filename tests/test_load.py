@@ -135,16 +135,12 @@ def test_ldbc_tables_load_with_load(spark):
 def test_the_load_command_creates_attributes_and_applies_to_a_state_dir(spark, tmp_path, capsys):
     path, _ = _write(tmp_path, spark, "csv")
     state = str(tmp_path / "state")
-    partitions = spark.conf.get("spark.sql.shuffle.partitions")
-    try:  # the command, run in this process, gives the shared session factflow's SQL settings
-        status = main(["load", path, "--state-dir", state, "--option", "header=true", "--option", "sep=|",
-                       "--attr", ":p/name=name:string:one", "--attr", ":p/friend=friend:ref"])
-        assert status == 0
-        assert "epoch 1: 3 rows, facts :p/name 2, :p/friend 2" in capsys.readouterr().out
-        assert main(["load", path, "--state-dir", state, "--attr", ":p/nope=name"]) == 1  # unknown, no type given
-        assert ":p/nope" in capsys.readouterr().err
-    finally:
-        spark.conf.set("spark.sql.shuffle.partitions", partitions)
+    status = main(["load", path, "--state-dir", state, "--option", "header=true", "--option", "sep=|",
+                   "--attr", ":p/name=name:string:one", "--attr", ":p/friend=friend:ref"])
+    assert status == 0
+    assert "epoch 1: 3 rows, facts :p/name 2, :p/friend 2" in capsys.readouterr().out
+    assert main(["load", path, "--state-dir", state, "--attr", ":p/nope=name"]) == 1  # unknown, no type given
+    assert ":p/nope" in capsys.readouterr().err
     with Engine(spark=spark, state_dir=state) as db:
         assert db.epoch == 1
         assert db.query("[:find ?n ?m :where [?a :p/friend ?b] [?a :p/name ?n] [?b :p/name ?m]]").results() == \

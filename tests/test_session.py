@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from factflow import FactflowError, workers
+from factflow import Engine, FactflowError, workers
 from factflow.cli import main as cli
 from factflow.arrangement import bound
 from factflow.engine import session
@@ -228,3 +228,22 @@ def test_only_start_up_settings_a_session_lacks_are_reported(spark):
     assert session.missing_start_up_settings(Session({**given, "spark.driver.extraClassPath": "/x.jar"})) == {
         "spark.driver.extraClassPath": bound.JAR}
     assert session.missing_start_up_settings(Session({**given, "spark.driver.extraClassPath": f"/x.jar{os.pathsep}{bound.JAR}"})) == {}
+
+
+def test_creating_a_session_when_one_runs_leaves_its_settings_alone(spark):
+    """``create_session`` (and so ``Engine()``) in a process whose session its user set up
+    returns that session without factflow's defaults over the user's settings; runtime SQL
+    settings the caller names are applied, as Spark's ``getOrCreate`` does."""
+    key = "spark.sql.shuffle.partitions"
+    before = spark.conf.get(key)
+    spark.conf.set(key, "3")
+    try:
+        assert session.create_session() is spark
+        assert spark.conf.get(key) == "3"
+        with Engine() as db:
+            assert db.spark is spark
+        assert spark.conf.get(key) == "3"
+        assert session.create_session(conf={key: "5"}) is spark
+        assert spark.conf.get(key) == "5"
+    finally:
+        spark.conf.set(key, before)

@@ -147,7 +147,17 @@ def create_session(master: str | None = None, app_name: str = "factflow",
     """A SparkSession with factflow's defaults (``master`` defaults to ``local[*]``).
 
     Spark logs at ``log_level``, or at the level ``FACTFLOW_SPARK_LOG`` names when set.
+
+    When a session already runs in this process it is returned with its settings as they
+    are, except the runtime SQL settings ``conf`` names (as Spark's ``getOrCreate`` does):
+    factflow's defaults, its log level and its master are not forced on a session its user
+    configured (an engine sets what it needs per statement).
     """
+    if SparkContext._active_spark_context is not None:
+        builder = SparkSession.builder
+        for key, value in (conf or {}).items():
+            builder = builder.config(key, value)
+        return builder.getOrCreate()
     check_java()
     # Index probes run Python inside Spark tasks: the workers must use this interpreter
     # (with pyarrow and numpy), not whatever 'python3' is first on the PATH.

@@ -114,6 +114,11 @@ def test_a_created_session_starts_without_spark_chatter():
     assert lines == []
 
 
+def test_python_workers_talk_to_their_executor_over_a_unix_socket(spark):
+    """Over TCP every task running Python waited about 40 ms for its first rows."""
+    assert spark.sparkContext.getConf().get("spark.python.unix.domain.socket.enabled") == "true"
+
+
 def test_python_workers_fork_from_a_daemon_that_loaded_the_probe_modules(spark):
     """A worker's parent is factflow's daemon, which imported numpy, pyarrow and the index
     module before forking (a fresh worker would otherwise spend about 1 s importing them)."""
@@ -222,9 +227,11 @@ def test_only_start_up_settings_a_session_lacks_are_reported(spark):
             self.sparkContext = type("Context", (), {"getConf": lambda _, c=Conf(values): c})()
 
     assert session.missing_start_up_settings(Session({"spark.buffer.pageSize": "8m"})) == {
-        "spark.python.daemon.module": "factflow.engine.worker_daemon", "spark.driver.extraClassPath": bound.JAR}
-    # a class path of the user's own counts only if it holds factflow's jar
-    given = {"spark.buffer.pageSize": "8m", "spark.python.daemon.module": "m"}
+        "spark.python.daemon.module": "factflow.engine.worker_daemon", "spark.driver.extraClassPath": bound.JAR,
+        "spark.python.unix.domain.socket.enabled": "true"}
+    # a class path of the user's own counts only if it holds factflow's jar; a setting of the user's own counts
+    given = {"spark.buffer.pageSize": "8m", "spark.python.daemon.module": "m",
+             "spark.python.unix.domain.socket.enabled": "false"}
     assert session.missing_start_up_settings(Session({**given, "spark.driver.extraClassPath": "/x.jar"})) == {
         "spark.driver.extraClassPath": bound.JAR}
     assert session.missing_start_up_settings(Session({**given, "spark.driver.extraClassPath": f"/x.jar{os.pathsep}{bound.JAR}"})) == {}

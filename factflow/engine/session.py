@@ -24,6 +24,7 @@ import logging
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import threading
@@ -60,6 +61,13 @@ _POOLS = Path(__file__).resolve().with_name("fairscheduler.xml")
 
 _CLASS_PATH = "spark.driver.extraClassPath"
 
+#: Python workers talk to their executor over a Unix domain socket where the platform has
+#: them. Over Spark's default (TCP on the loopback) every task that runs Python waited about
+#: 40 ms for its first rows (an identity ``mapInArrow`` over one row: 39-44 ms between the
+#: function's call and its first batch, against 0.2-4 ms over a Unix socket; such a job took
+#: 85-150 ms against 65-100 ms), and every probe and index write is such a task.
+_UNIX_SOCKETS = {"spark.python.unix.domain.socket.enabled": "true"} if hasattr(socket, "AF_UNIX") else {}
+
 #: Settings for an engine-owned session: small shuffles, Arrow transfers, UTC, no UI, and
 #: a driver GC every minute: Spark frees the broadcasts and local relations of finished
 #: statements only once the JVM has collected them, and a recursive epoch issues hundreds
@@ -94,6 +102,7 @@ DEFAULT_SPARK_CONF = {
     "spark.scheduler.mode": "FAIR",
     "spark.scheduler.allocation.file": str(_POOLS),
     "spark.python.daemon.module": "factflow.engine.worker_daemon",
+    **_UNIX_SOCKETS,
     # factflow's jar: small epochs' statements read driver-held rows bound when they run,
     # so their plans are kept across epochs (factflow.arrangement.bound)
     _CLASS_PATH: bound.JAR,
@@ -104,8 +113,9 @@ DEFAULT_SPARK_CONF = {
 #: an engine cannot set them on a session it is given: without the first, finished sorts
 #: keep pages of Spark's default size alive (see above); without the second, Python
 #: workers start without factflow's modules loaded; without factflow's jar on the driver's
-#: class path, small epochs plan every statement anew.
-START_UP_SETTINGS = ("spark.buffer.pageSize", "spark.python.daemon.module", _CLASS_PATH)
+#: class path, small epochs plan every statement anew; without Unix domain sockets, every
+#: task running Python waits about 40 ms for its first rows.
+START_UP_SETTINGS = ("spark.buffer.pageSize", "spark.python.daemon.module", _CLASS_PATH, *_UNIX_SOCKETS)
 
 MIN_JAVA = 17
 
@@ -288,7 +298,8 @@ def warn_of_missing_start_up_settings(spark: SparkSession) -> None:
     if missing:
         log.warning("this SparkSession was started without %s: Spark reads these only at start-up, so the engine "
                     "cannot set them (without a small page size, finished sorts keep their memory pages on the "
-                    "driver; without factflow's jar, small epochs plan every statement anew; see "
+                    "driver; without factflow's jar, small epochs plan every statement anew; without Unix domain "
+                    "sockets, every task running Python waits about 40 ms for its first rows; see "
                     "factflow.engine.session). Start the session with them, or let factflow create it.",
                     ", ".join(f"{k}={v}" for k, v in missing.items()))
 

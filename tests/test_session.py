@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+import textwrap
 import tomllib
 import zipfile
 import zipimport
@@ -117,6 +118,27 @@ def test_a_created_session_starts_without_spark_chatter():
 def test_python_workers_talk_to_their_executor_over_a_unix_socket(spark):
     """Over TCP every task running Python waited about 40 ms for its first rows."""
     assert spark.sparkContext.getConf().get("spark.python.unix.domain.socket.enabled") == "true"
+
+
+def test_a_worker_whose_executor_hung_up_ends_without_a_traceback():
+    """An executor closes an idle worker's socket after a minute; over a Unix socket the
+    worker's last flush then fails at once, and Spark's daemon printed the traceback to the
+    driver's console (see factflow.engine.worker_daemon). Run in a fresh interpreter: the
+    worker sets signal handlers and reads the socket as a forked worker does."""
+    script = textwrap.dedent("""
+        import os, socket, sys
+        os.environ["PYTHON_DAEMON_KILL_WORKER_ON_FLUSH_FAILURE"] = "1"  # what executors set
+        from factflow.engine import worker_daemon
+        ours, peer = socket.socketpair()
+        peer.close()
+        serve = worker_daemon._worker if sys.argv[1] == "factflow" else worker_daemon._serve
+        print("exit code", serve(ours, True))
+    """)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    spark_s, ours = (subprocess.run([sys.executable, "-c", script, which], cwd=ROOT, env=env, capture_output=True,
+                                    text=True, timeout=120) for which in ("spark", "factflow"))
+    assert "BrokenPipeError" in spark_s.stderr  # the hang-up as Spark's own worker meets it
+    assert ours.returncode == 0 and ours.stdout.strip() == "exit code 1" and ours.stderr == "", ours.stderr
 
 
 def test_python_workers_fork_from_a_daemon_that_loaded_the_probe_modules(spark):

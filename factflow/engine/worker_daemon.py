@@ -1,5 +1,6 @@
 """Spark's Python daemon, with what factflow's tasks import loaded before it forks workers,
-and workers that do not re-read Spark's archives before every task.
+workers that do not re-read Spark's archives before every task, and workers that end
+quietly when their executor has hung up.
 
 Spark starts Python workers by forking them from one daemon process per executor
 (``pyspark.daemon``). Each new worker then imports what its first task needs; for an index
@@ -14,6 +15,13 @@ see :mod:`factflow.engine.session`).
 It also prepares the workers' zip importers (:func:`factflow.workers.prepare`) and stamps
 them before it forks, so that no task of theirs re-reads ``pyspark.zip`` (0.2-0.3 s per
 task before).
+
+Workers talk to their executor over a Unix domain socket (see :mod:`factflow.engine.session`).
+An executor closes the socket of a worker that sat idle for a minute; the worker then fails
+to flush its output (``BrokenPipeError``: over a Unix socket the write fails at once, where
+over TCP it went into the socket's buffer unnoticed) and Spark's daemon printed the
+traceback to the driver's console. A worker whose executor hung up now just ends, as it
+did over TCP.
 """
 
 import importlib
@@ -24,6 +32,20 @@ from pyspark import daemon
 
 workers.prepare()
 importlib.invalidate_caches()  # stamp the importers the daemon has, before it forks workers
+
+_serve = daemon.worker
+
+
+def _worker(sock, authenticated):
+    """Serve tasks on ``sock`` (Spark's :func:`pyspark.daemon.worker`); an exit code of 1,
+    without a traceback, once the executor has closed the socket."""
+    try:
+        return _serve(sock, authenticated)
+    except (BrokenPipeError, ConnectionResetError):
+        return 1
+
+
+daemon.worker = _worker  # the daemon's forked children call the module's ``worker``
 
 if __name__ == "__main__":
     daemon.manager()

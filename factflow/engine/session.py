@@ -72,9 +72,7 @@ _UNIX_SOCKETS = {"spark.python.unix.domain.socket.enabled": "true"} if hasattr(s
 #: a driver GC every minute: Spark frees the broadcasts and local relations of finished
 #: statements only once the JVM has collected them, and a recursive epoch issues hundreds
 #: of such statements on a large heap that rarely needs a GC (a long grid150 probe ran out
-#: of driver memory with Spark's default of 30 minutes, and finished with 1 minute). That
-#: GC (``System.gc()``) runs as a concurrent cycle, not a full collection that stops the
-#: driver (see :func:`_driver_java_options`).
+#: of driver memory with Spark's default of 30 minutes, and finished with 1 minute).
 #: A collect may bring at most 512 MiB to the driver (a quarter of its heap): past that
 #: Spark fails the job, and the engine keeps the rows in Spark instead. Spark checks this
 #: once a task's result has arrived, so it cannot stop one task result larger than the
@@ -178,7 +176,7 @@ def create_session(master: str | None = None, app_name: str = "factflow",
     level = _log_level(log_level)
     quiet = _quiet_conf(master, conf or {}, level)
     settings = {**DEFAULT_SPARK_CONF, **(conf or {}), **quiet}
-    settings[_DRIVER_OPTIONS] = _driver_java_options(settings.get(_DRIVER_OPTIONS, ""))
+    settings[_DRIVER_OPTIONS] = _exit_on_out_of_memory(settings.get(_DRIVER_OPTIONS, ""))
     settings[_CLASS_PATH] = _with_jar(settings.get(_CLASS_PATH, ""))
     builder = SparkSession.builder.appName(app_name).master(master)
     for key, value in settings.items():
@@ -198,21 +196,10 @@ def _log_level(default: str) -> str:
     return level
 
 
-def _driver_java_options(options: str) -> str:
-    """The driver's JVM ``options`` with what factflow adds, unless they already say otherwise:
-
-    - ``-XX:+ExitOnOutOfMemoryError`` (see the module docstring);
-    - ``-XX:+ExplicitGCInvokesConcurrent``: Spark's periodic ``System.gc()`` (every minute,
-      see :data:`DEFAULT_SPARK_CONF`) starts a concurrent cycle, which enqueues the weak
-      references Spark's cleaner waits for, instead of a full collection that stopped the
-      driver for 260 ms with the Facebook x4 state held (1.5 GiB of heap), inside whichever
-      epoch or install it fell.
-    """
-    if "OutOfMemoryError" not in options:
-        options = f"{options} -XX:+ExitOnOutOfMemoryError"
-    if "ExplicitGC" not in options:
-        options = f"{options} -XX:+ExplicitGCInvokesConcurrent"
-    return options.strip()
+def _exit_on_out_of_memory(options: str) -> str:
+    """The driver's JVM ``options`` with ``-XX:+ExitOnOutOfMemoryError``, unless they already
+    say what to do on an OutOfMemoryError."""
+    return options if "OutOfMemoryError" in options else f"{options} -XX:+ExitOnOutOfMemoryError".strip()
 
 
 def driver_alive(spark: SparkSession) -> bool:

@@ -9,6 +9,8 @@ brute-force oracle after every epoch.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from factflow import EngineConfig
@@ -72,6 +74,47 @@ def test_a_selective_install_probes_from_its_constant(spark, probes):
             db.transact(change)
             db.wait_for_maintenance()  # merges the one-partition batch with later ones
         assert q.results() == {(3, 4): 1, (4, 5): 1}
+
+
+def _classes_compiled(spark) -> int:
+    return int(spark.sparkContext._jvm.org.apache.spark.metrics.source.CodegenMetrics
+               .METRIC_COMPILATION_TIME().getCount())
+
+
+@pytest.mark.parametrize("pattern, constants", [("[{c} :e ?b] [?b :e ?c]", (1, 2, 3, 5)),
+                                                ("[?b :e {c}] [?c :e ?b]", (4, 5, 8, 4))],
+                         ids=["entity-constant", "value-constant"])
+def test_a_selective_install_with_another_constant_compiles_no_code(spark, pattern, constants):
+    """The constant a selective install probes from is data of its statement, not a literal:
+    the same query with another constant runs the code Spark generated for the first one
+    (compiling it again cost about four classes, tens of milliseconds, per install). Every
+    constant here has at least two result rows, so that all results are stored alike."""
+    from factflow import Engine
+
+    edges = [(1, 2), (1, 3), (2, 4), (3, 4), (4, 5), (4, 8), (5, 1), (5, 6), (6, 7)]
+    out = {a: {b for x, b in edges if x == a} for a, _ in edges}
+    into = {b: {a for a, y in edges if y == b} for _, b in edges}
+    with Engine(spark=spark, config=EngineConfig(local_limit=1)) as db:
+        db.create_attribute(":e", type="ref")
+        db.transact([[":db/add", a, ":e", b] for a, b in edges])  # bulk: stored, indexed batches
+        compiled = []
+        for constant in constants:
+            text = "[:find ?b ?c :where " + pattern.format(c=constant) + "]"
+            db.wait_for_maintenance()
+            before = _classes_compiled(spark)
+            q = db.query(text, name=f"from-{constant}", join="delta")
+            rows = q.results()
+            q.close()
+            db.wait_for_maintenance()
+            compiled.append(_classes_compiled(spark) - before)
+            first, second = (out, out) if pattern.startswith("[{c}") else (into, into)
+            assert rows == {(b, c): 1 for b in first.get(constant, ()) for c in second.get(b, ())}, constant
+        assert compiled[1:] == [0, 0, 0]
+    # the instrument: a statement with a literal never seen before compiles a class
+    before = _classes_compiled(spark)
+    spark.range(1).selectExpr(f"id + {time.time_ns()} AS x").collect()
+    assert _classes_compiled(spark) > before, "this session generates no code: the test above proves nothing"
+
 
 
 def test_long_hash_is_sparks_xxhash64(spark):

@@ -252,7 +252,8 @@ class Probe:
                                    rows.column(name).cast(prefix.schema.field(name).type))
         if self.how == "semi":
             distinct_keys = prefix.select(keys).group_by(keys).aggregate([])
-            return rows.join(distinct_keys, keys=keys, join_type="left semi")
+            # (in the output's column order: the trace's may differ, as in a reverse index)
+            return rows.join(distinct_keys, keys=keys, join_type="left semi").select([n for n, _ in self.output])
         joined = prefix.drop_columns([PROBE_HASH]).join(rows, keys=keys,
                                                        join_type="inner" if self.how == "inner" else "left outer")
         if self.how == "left":

@@ -169,11 +169,15 @@ class Scan(Node):
         return {"slot": self.slot.to_data(), "value_kind": self.value_kind.value, "e": self.e_col,
                 "e_const": plain(self.e_const), "v": self.v_col, "v_const": plain(self.v_const), "label": self.label}
 
-    def _shape(self, cx: EpochContext, relation: str) -> str:
+    def _shape(self, cx: EpochContext, relation: str, probed: str | None = None) -> str:
+        """``relation``'s rows that match the pattern, as its columns; ``probed`` names the
+        column a probe by the constant has matched already (not filtered again: the constant
+        then appears nowhere in the statement's generated code, which Spark compiles once
+        for a query whatever its constant)."""
         conditions = []
-        if self.e_const is not None:
+        if self.e_const is not None and probed != "e":
             conditions.append(f"`e` = {literal(self.e_const, Kind.LONG)}")
-        if self.v_const is not None:
+        if self.v_const is not None and probed != "v":
             conditions.append(f"`v` = {literal(self.v_const, self.value_kind)}")
         if self.e_col is not None and self.e_col == self.v_col:
             conditions.append("`e` = `v`")
@@ -200,7 +204,10 @@ class Scan(Node):
         if version is Version.OLD and cx.install:
             return self._shape(cx, self.handle.empty())
         as_of = _as_of(cx, version)
-        return self._shape(cx, self.keyed_read(cx, as_of) or self.handle.read(as_of))
+        keyed = self.keyed_read(cx, as_of)
+        if keyed is not None:
+            return self._shape(cx, keyed, probed=self.slot.key[0])
+        return self._shape(cx, self.handle.read(as_of))
 
     @property
     def selective(self) -> bool:
@@ -210,13 +217,15 @@ class Scan(Node):
 
     def keyed_read(self, cx: EpochContext, as_of: int) -> str | None:
         """The index rows of a pattern whose constant binds the index key, probed by that
-        key (``e, v, _diff``), or None when a probe does not apply."""
+        key (``e, v, _diff``), or None when a probe does not apply. The constant is a row of
+        an inline table, not a literal of the statement, so that Spark's generated code does
+        not depend on it."""
         if not self.selective:
             return None
         key = self.slot.key[0]
         other = "v" if key == "e" else "e"
         value, kind = (self.e_const, Kind.LONG) if key == "e" else (self.v_const, self.value_kind)
-        constant = cx.define(f"SELECT {literal(value, kind)} AS `_k`, CAST(1 AS BIGINT) AS {ident(DIFF)}")
+        constant = cx.define(f"SELECT * FROM VALUES ({literal(value, kind)}, 1L) AS t(`_k`, {ident(DIFF)})")
         probed = probe(cx, self.handle, constant, [("_k", kind)], [("_k", key)], [(other, other)], as_of, how="semi")
         if probed is None:
             return None

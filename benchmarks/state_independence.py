@@ -41,7 +41,8 @@ At the largest number of copies (``--baselines``), in the same run:
   the query's result size; target: at least 10x slower than the incremental epoch;
 - loading the graph into a new Engine on the same session and installing the selective
   query fresh (load + install); target: at least 10x the install on loaded state (the
-  median above; the fresh engine's install finds its plan's code compiled, as those do).
+  median above). The fresh engine's state (one loaded batch) has a shape of its own, so its
+  install compiles its plan's code, as a first install does; its classes are reported.
 
 Every figure is measured with default engines (``Engine(spark=s)`` on a session
 configured as ``factflow.Engine()`` configures its own: ``common.engine_session()``,

@@ -92,8 +92,10 @@ def test_a_selective_install_with_another_constant_compiles_no_code(spark, patte
     from factflow import Engine
 
     edges = [(1, 2), (1, 3), (2, 4), (3, 4), (4, 5), (4, 8), (5, 1), (5, 6), (6, 7)]
-    out = {a: {b for x, b in edges if x == a} for a, _ in edges}
-    into = {b: {a for a, y in edges if y == b} for _, b in edges}
+    if pattern.startswith("[{c}"):  # ?b follows the constant, ?c follows ?b
+        adjacent = {a: {b for x, b in edges if x == a} for a, _ in edges}
+    else:  # ?b leads to the constant, ?c leads to ?b
+        adjacent = {b: {a for a, y in edges if y == b} for _, b in edges}
     with Engine(spark=spark, config=EngineConfig(local_limit=1)) as db:
         db.create_attribute(":e", type="ref")
         db.transact([[":db/add", a, ":e", b] for a, b in edges])  # bulk: stored, indexed batches
@@ -107,14 +109,12 @@ def test_a_selective_install_with_another_constant_compiles_no_code(spark, patte
             q.close()
             db.wait_for_maintenance()
             compiled.append(_classes_compiled(spark) - before)
-            first, second = (out, out) if pattern.startswith("[{c}") else (into, into)
-            assert rows == {(b, c): 1 for b in first.get(constant, ()) for c in second.get(b, ())}, constant
+            assert rows == {(b, c): 1 for b in adjacent.get(constant, ()) for c in adjacent.get(b, ())}, constant
         assert compiled[1:] == [0, 0, 0]
     # the instrument: a statement with a literal never seen before compiles a class
     before = _classes_compiled(spark)
     spark.range(1).selectExpr(f"id + {time.time_ns()} AS x").collect()
     assert _classes_compiled(spark) > before, "this session generates no code: the test above proves nothing"
-
 
 
 def test_long_hash_is_sparks_xxhash64(spark):

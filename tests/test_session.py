@@ -4,9 +4,11 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 import tomllib
 import zipfile
 import zipimport
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -276,3 +278,29 @@ def test_creating_a_session_when_one_runs_leaves_its_settings_alone(spark):
         assert spark.conf.get(key) == "5"
     finally:
         spark.conf.set(key, before)
+
+
+def _classes_compiled_in_a_thread(spark, label: bool) -> int:
+    """Classes Spark compiles to run a statement never run before, from a new thread that
+    labels its job first (as engine threads do) or not."""
+    counter = spark.sparkContext._jvm.org.apache.spark.metrics.source.CodegenMetrics.METRIC_COMPILATION_TIME()
+
+    def run() -> int:
+        if label:
+            session.label_jobs(spark.sparkContext, "test-codegen", "a statement never run before")
+        before = counter.getCount()
+        spark.range(10).selectExpr(f"id + {time.time_ns()} AS x").collect()
+        return counter.getCount() - before
+
+    with ThreadPoolExecutor(1) as thread:
+        return thread.submit(run).result()
+
+
+def test_threads_that_label_jobs_compile_generated_code_once(spark):
+    """In local mode a new whole-stage class was compiled twice, by the driver thread planning
+    the stage and by its task under the executor's class loader; a thread that labels its
+    jobs shares the tasks' loader, so the task finds the class compiled."""
+    assert session.share_task_class_loader(spark.sparkContext)
+    shared = _classes_compiled_in_a_thread(spark, label=True)
+    unshared = _classes_compiled_in_a_thread(spark, label=False)
+    assert shared >= 1 and unshared == 2 * shared, (shared, unshared)

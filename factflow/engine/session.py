@@ -11,6 +11,9 @@ dies of an OutOfMemoryError, and the job whose result it was reading then never 
 the Python call waiting for it. Once the JVM is gone that call fails instead, and an
 engine whose driver is gone (:func:`driver_alive`) closes itself.
 
+In local mode, threads that run an engine's jobs compile Spark's generated code once, not
+twice: they share the class loader of Spark's tasks (:func:`share_task_class_loader`).
+
 A session factflow creates is quiet: Spark logs errors only (``FACTFLOW_SPARK_LOG=WARN``,
 ``INFO``, ... shows more) through the log4j2 configuration shipped next to this module,
 and a local driver binds to 127.0.0.1 instead of warning that the hostname resolves to a
@@ -28,6 +31,7 @@ import socket
 import subprocess
 import sys
 import threading
+import weakref
 from pathlib import Path
 from typing import Iterator
 
@@ -41,7 +45,7 @@ log = logging.getLogger("factflow.engine")
 
 __all__ = ["DEFAULT_SPARK_CONF", "REQUIRED_SQL_CONF", "START_UP_SETTINGS", "LOG_LEVEL_VARIABLE", "acquire_session",
            "check_java", "create_session", "driver_alive", "label_jobs", "missing_start_up_settings",
-           "release_session", "warn_of_missing_start_up_settings"]
+           "release_session", "share_task_class_loader", "warn_of_missing_start_up_settings"]
 
 #: SQL settings every engine applies to its session, given or created. Constraint
 #: propagation is off because Spark 4.1 fails on it ("key not found" while rewriting a
@@ -217,8 +221,48 @@ def label_jobs(sc: SparkContext, group: str, description: str) -> None:
     formats the JVM stack for every RDD it builds, and executing a statement builds one or
     more per operator: for a small epoch's statement over five LDBC queries that walk was
     0.25-0.35 s of a 1.0-1.4 s run."""
+    _adopt_task_class_loader(sc)
     sc.setJobGroup(group, description, interruptOnCancel=False)
     sc.setLocalProperty("callSite.long", description)
+
+
+#: Spark contexts whose tasks' class loader was captured (:func:`share_task_class_loader`),
+#: and, per thread, the context whose loader the thread adopted.
+_SHARED_LOADERS: "weakref.WeakSet[SparkContext]" = weakref.WeakSet()
+_ADOPTED = threading.local()
+
+
+def share_task_class_loader(sc: SparkContext) -> bool:
+    """Let the threads that label jobs on ``sc`` (:func:`label_jobs`) compile Spark's
+    generated code once instead of twice; returns whether that is possible (local mode).
+
+    Spark caches a compiled class by its source and the compiling thread's class loader.
+    The driver compiles every whole-stage class as it plans the stage, then the stage's
+    first task compiles it again under its executor's loader: in local mode, the same
+    class twice in one JVM, for every new statement (an install's first statement, about
+    ten classes). One task records the tasks' loader (factflow's jar, ``TaskClassLoader``);
+    each thread then adopts it as its context class loader before its first labelled job.
+    A failure (a session without factflow's jar) is logged at debug level and changes nothing.
+    """
+    master = sc.master
+    if not (master == "local" or master.startswith("local[")):  # executors in other JVMs
+        return False
+    try:
+        captured = bool(sc._jvm.factflow.jvm.TaskClassLoader.capture(sc._jsc))
+    except Exception:  # noqa: BLE001 - py4j wraps a missing class or a stopped context
+        log.debug("capturing the tasks' class loader failed", exc_info=True)
+        return False
+    if captured:
+        _SHARED_LOADERS.add(sc)
+    return captured
+
+
+def _adopt_task_class_loader(sc: SparkContext) -> None:
+    """Adopt ``sc``'s tasks' class loader on this thread, once, if it was captured."""
+    adopted = getattr(_ADOPTED, "context", None)
+    if sc in _SHARED_LOADERS and (adopted is None or adopted() is not sc):
+        sc._jvm.factflow.jvm.TaskClassLoader.adopt()
+        _ADOPTED.context = weakref.ref(sc)
 
 
 def _quiet_conf(master: str, conf: dict[str, str], level: str) -> dict[str, str]:

@@ -8,7 +8,9 @@ epoch first writes an index file, often one far into a stream (epoch 72 of the o
 triangles, which then took 3.5 s instead of about 1 s). So an engine starts them when it
 is created: one tiny job per session, in a background thread, as many tasks as the
 session runs at once. Nothing waits for it; if it fails (the session stopped meanwhile)
-it is logged at debug level and changes nothing.
+it is logged at debug level and changes nothing. The same thread first records the class
+loader Spark's tasks run under, so that engine threads compile generated code once
+(:func:`factflow.engine.session.share_task_class_loader`).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Iterator
 import pyarrow as pa
 from pyspark.sql import SparkSession
 
-from factflow.engine.session import label_jobs
+from factflow.engine.session import label_jobs, share_task_class_loader
 
 __all__ = ["warm_python_workers"]
 
@@ -31,7 +33,8 @@ _WARMED_LOCK = threading.Lock()
 
 
 def warm_python_workers(spark: SparkSession, pool: str | None = None) -> threading.Thread | None:
-    """Start ``spark``'s Python workers in the background, once per Spark application;
+    """Share the tasks' class loader and start ``spark``'s Python workers in the background,
+    once per Spark application;
     returns the thread doing it (None when another engine did it already). ``pool``: the
     scheduler pool of the job."""
     application = spark.sparkContext.applicationId
@@ -47,9 +50,10 @@ def warm_python_workers(spark: SparkSession, pool: str | None = None) -> threadi
 def _warm(spark: SparkSession, pool: str | None) -> None:
     sc = spark.sparkContext
     try:
-        label_jobs(sc, "factflow-warmup", "factflow: start Python workers")
+        label_jobs(sc, "factflow-warmup", "factflow: share the tasks' class loader, start Python workers")
         if pool is not None:
             sc.setLocalProperty("spark.scheduler.pool", pool)
+        share_task_class_loader(sc)
         tasks = max(1, sc.defaultParallelism)
         spark.range(0, tasks, 1, tasks).mapInArrow(_nothing, "id BIGINT").collect()
     except Exception:  # noqa: BLE001 - a warm-up that fails costs only the first epoch its time

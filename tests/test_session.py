@@ -304,3 +304,21 @@ def test_threads_that_label_jobs_compile_generated_code_once(spark):
     shared = _classes_compiled_in_a_thread(spark, label=True)
     unshared = _classes_compiled_in_a_thread(spark, label=False)
     assert shared >= 1 and unshared == 2 * shared, (shared, unshared)
+
+
+def test_the_tasks_class_loader_is_shared_only_where_tasks_run_in_the_driver_jvm():
+    """On a cluster the tasks' loader lives in other JVMs: nothing is captured, no job runs."""
+    touched = []
+
+    class ClusterContext:
+        master = "local-cluster[2,1,1024]"
+
+        @property
+        def _jvm(self):
+            touched.append("_jvm")
+            raise AssertionError("the JVM was asked to capture a loader")
+
+    assert not session.share_task_class_loader(ClusterContext())
+    assert touched == []
+    assert bound.tasks_in_driver_jvm("local") and bound.tasks_in_driver_jvm("local[*]")
+    assert not bound.tasks_in_driver_jvm("spark://cluster:7077")

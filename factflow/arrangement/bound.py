@@ -51,7 +51,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql import types as T
 
-__all__ = ["JAR", "Binder", "binding", "current", "run", "source_digest", "supported"]
+__all__ = ["JAR", "Binder", "binding", "current", "run", "source_digest", "supported", "tasks_in_driver_jvm"]
 
 _JVM = Path(__file__).resolve().parent.parent / "jvm"
 #: factflow's jar (built from ``factflow/jvm/src`` by ``scripts/build_jvm.sh``)
@@ -71,11 +71,16 @@ def source_digest() -> str:
     return digest.hexdigest()
 
 
+def tasks_in_driver_jvm(master: str) -> bool:
+    """Whether Spark's tasks run in the driver's JVM under ``master``: local mode
+    (``local-cluster`` runs executor JVMs of its own)."""
+    return master == "local" or master.startswith("local[")
+
+
 def supported(spark: "SparkSession") -> bool:
     """Whether statements on ``spark`` can read bound rows: local mode, with factflow's jar
     on the driver's class path."""
-    master = spark.sparkContext.master
-    if not (master == "local" or master.startswith("local[")):  # local-cluster runs executor JVMs
+    if not tasks_in_driver_jvm(spark.sparkContext.master):
         return False
     try:
         spark._jvm.java.lang.Class.forName(_SOURCE)

@@ -244,8 +244,7 @@ def share_task_class_loader(sc: SparkContext) -> bool:
     each thread then adopts it as its context class loader before its first labelled job.
     A failure (a session without factflow's jar) is logged at debug level and changes nothing.
     """
-    master = sc.master
-    if not (master == "local" or master.startswith("local[")):  # executors in other JVMs
+    if not bound.tasks_in_driver_jvm(sc.master):
         return False
     try:
         captured = bool(sc._jvm.factflow.jvm.TaskClassLoader.capture(sc._jsc))

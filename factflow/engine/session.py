@@ -117,7 +117,8 @@ DEFAULT_SPARK_CONF = {
 #: an engine cannot set them on a session it is given: without the first, finished sorts
 #: keep pages of Spark's default size alive (see above); without the second, Python
 #: workers start without factflow's modules loaded; without factflow's jar on the driver's
-#: class path, small epochs plan every statement anew; without Unix domain sockets, every
+#: class path, small epochs plan every statement anew (and in local mode Spark compiles a
+#: new plan's code twice, see :func:`share_task_class_loader`); without Unix domain sockets, every
 #: task running Python waits about 40 ms for its first rows.
 START_UP_SETTINGS = ("spark.buffer.pageSize", "spark.python.daemon.module", _CLASS_PATH, *_UNIX_SOCKETS)
 
@@ -341,7 +342,8 @@ def warn_of_missing_start_up_settings(spark: SparkSession) -> None:
     if missing:
         log.warning("this SparkSession was started without %s: Spark reads these only at start-up, so the engine "
                     "cannot set them (without a small page size, finished sorts keep their memory pages on the "
-                    "driver; without factflow's jar, small epochs plan every statement anew; without Unix domain "
+                    "driver; without factflow's jar, small epochs plan every statement anew and Spark compiles "
+                    "new plans' code twice; without Unix domain "
                     "sockets, every task running Python waits about 40 ms for its first rows; see "
                     "factflow.engine.session). Start the session with them, or let factflow create it.",
                     ", ".join(f"{k}={v}" for k, v in missing.items()))

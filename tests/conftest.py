@@ -41,6 +41,14 @@ def _shuffle_partitions_left_as_they_were():
 
 
 @pytest.fixture
+def classes_compiled(spark):
+    """A function: how many classes Spark's code generation has compiled in this JVM so far
+    (the driver's and the local session's tasks'; Spark's ``CodegenMetrics``)."""
+    counter = spark.sparkContext._jvm.org.apache.spark.metrics.source.CodegenMetrics.METRIC_COMPILATION_TIME()
+    return lambda: int(counter.getCount())
+
+
+@pytest.fixture
 def engine(spark):
     from factflow import Engine
 

@@ -76,15 +76,11 @@ def test_a_selective_install_probes_from_its_constant(spark, probes):
         assert q.results() == {(3, 4): 1, (4, 5): 1}
 
 
-def _classes_compiled(spark) -> int:
-    return int(spark.sparkContext._jvm.org.apache.spark.metrics.source.CodegenMetrics
-               .METRIC_COMPILATION_TIME().getCount())
-
-
 @pytest.mark.parametrize("pattern, constants", [("[{c} :e ?b] [?b :e ?c]", (1, 2, 3, 5)),
                                                 ("[?b :e {c}] [?c :e ?b]", (4, 5, 8, 4))],
                          ids=["entity-constant", "value-constant"])
-def test_a_selective_install_with_another_constant_compiles_no_code(spark, pattern, constants):
+def test_a_selective_install_with_another_constant_compiles_no_code(spark, classes_compiled, pattern,
+                                                                      constants):
     """The constant a selective install probes from is data of its statement, not a literal:
     the same query with another constant runs the code Spark generated for the first one
     (compiling it again cost about four classes, tens of milliseconds, per install). Every
@@ -103,18 +99,18 @@ def test_a_selective_install_with_another_constant_compiles_no_code(spark, patte
         for constant in constants:
             text = "[:find ?b ?c :where " + pattern.format(c=constant) + "]"
             db.wait_for_maintenance()
-            before = _classes_compiled(spark)
+            before = classes_compiled()
             q = db.query(text, name=f"from-{constant}", join="delta")
             rows = q.results()
             q.close()
             db.wait_for_maintenance()
-            compiled.append(_classes_compiled(spark) - before)
+            compiled.append(classes_compiled() - before)
             assert rows == {(b, c): 1 for b in adjacent.get(constant, ()) for c in adjacent.get(b, ())}, constant
         assert compiled[1:] == [0, 0, 0]
     # the instrument: a statement with a literal never seen before compiles a class
-    before = _classes_compiled(spark)
+    before = classes_compiled()
     spark.range(1).selectExpr(f"id + {time.time_ns()} AS x").collect()
-    assert _classes_compiled(spark) > before, "this session generates no code: the test above proves nothing"
+    assert classes_compiled() > before, "this session generates no code: the test above proves nothing"
 
 
 def test_long_hash_is_sparks_xxhash64(spark):

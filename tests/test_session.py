@@ -280,29 +280,28 @@ def test_creating_a_session_when_one_runs_leaves_its_settings_alone(spark):
         spark.conf.set(key, before)
 
 
-def _classes_compiled_in_a_thread(spark, label: bool) -> int:
+def _classes_compiled_in_a_thread(spark, classes_compiled, label: bool) -> int:
     """Classes Spark compiles to run a statement never run before, from a new thread that
     labels its job first (as engine threads do) or not."""
-    counter = spark.sparkContext._jvm.org.apache.spark.metrics.source.CodegenMetrics.METRIC_COMPILATION_TIME()
 
     def run() -> int:
         if label:
             session.label_jobs(spark.sparkContext, "test-codegen", "a statement never run before")
-        before = counter.getCount()
+        before = classes_compiled()
         spark.range(10).selectExpr(f"id + {time.time_ns()} AS x").collect()
-        return counter.getCount() - before
+        return classes_compiled() - before
 
     with ThreadPoolExecutor(1) as thread:
         return thread.submit(run).result()
 
 
-def test_threads_that_label_jobs_compile_generated_code_once(spark):
+def test_threads_that_label_jobs_compile_generated_code_once(spark, classes_compiled):
     """In local mode a new whole-stage class was compiled twice, by the driver thread planning
     the stage and by its task under the executor's class loader; a thread that labels its
     jobs shares the tasks' loader, so the task finds the class compiled."""
     assert session.share_task_class_loader(spark.sparkContext)
-    shared = _classes_compiled_in_a_thread(spark, label=True)
-    unshared = _classes_compiled_in_a_thread(spark, label=False)
+    shared = _classes_compiled_in_a_thread(spark, classes_compiled, label=True)
+    unshared = _classes_compiled_in_a_thread(spark, classes_compiled, label=False)
     assert shared >= 1 and unshared == 2 * shared, (shared, unshared)
 
 

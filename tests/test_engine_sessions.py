@@ -103,11 +103,11 @@ def test_python_workers_are_started_once_per_session(spark, monkeypatch):
     from factflow.engine import warmup
 
     monkeypatch.setattr(warmup, "_WARMED", set())  # as if no engine had run on this session yet
-    thread = warmup.warm_python_workers(spark)
+    thread = warmup.warm_up(spark)
     assert thread is not None
     thread.join(120)
     assert not thread.is_alive()
     tracker = spark.sparkContext.statusTracker()
     jobs = [tracker.getJobInfo(j) for j in tracker.getJobIdsForGroup("factflow-warmup")]
     assert jobs and all(j.status == "SUCCEEDED" for j in jobs)
-    assert warmup.warm_python_workers(spark) is None
+    assert warmup.warm_up(spark) is None

@@ -41,7 +41,7 @@ from factflow.engine import transaction
 from factflow.engine.clock import EventClock, advance, buffer
 from factflow.engine.epoch import run_epoch
 from factflow.engine.maintenance import POOL, Maintenance
-from factflow.engine.warmup import warm_python_workers
+from factflow.engine.warmup import warm_up
 from factflow.engine.feeds import AttributeSubscriber
 from factflow.engine.granularity import Window, window_seconds
 from factflow.engine.group import plan_runs
@@ -130,7 +130,7 @@ class Engine:
         self._group = f"factflow-{self._id}-epoch"
         self.epoch_log: list[EpochReport] = []
         self._maintenance = Maintenance(self._state, self._lock, f"factflow-{self._id}-maintenance", self.epoch_log)
-        warm_python_workers(self.spark, POOL)
+        warm_up(self.spark, POOL)
         self._durability: Durability | None = None
         #: what opening the state directory recovered (None without ``state_dir``)
         self.recovery: RecoveryReport | None = None

@@ -1,4 +1,5 @@
-"""Starting Spark's Python workers before the first epoch needs them.
+"""Warming a Spark application up before the first epoch needs it: its Python workers, and
+the class loader its tasks run under.
 
 Index files are written, and traces probed, by Python functions inside Spark tasks
 (``mapInArrow``, see :mod:`factflow.arrangement.index`). The first such job of a Spark
@@ -24,7 +25,7 @@ from pyspark.sql import SparkSession
 
 from factflow.engine.session import label_jobs, share_task_class_loader
 
-__all__ = ["warm_python_workers"]
+__all__ = ["warm_up"]
 
 log = logging.getLogger("factflow.engine")
 
@@ -32,11 +33,10 @@ _WARMED: set[str] = set()
 _WARMED_LOCK = threading.Lock()
 
 
-def warm_python_workers(spark: SparkSession, pool: str | None = None) -> threading.Thread | None:
+def warm_up(spark: SparkSession, pool: str | None = None) -> threading.Thread | None:
     """Share the tasks' class loader and start ``spark``'s Python workers in the background,
-    once per Spark application;
-    returns the thread doing it (None when another engine did it already). ``pool``: the
-    scheduler pool of the job."""
+    once per Spark application; returns the thread doing it (None when another engine did
+    it already). ``pool``: the scheduler pool of its jobs."""
     application = spark.sparkContext.applicationId
     with _WARMED_LOCK:
         if application in _WARMED:

@@ -66,6 +66,7 @@ from factflow.arrangement.attribute import AttributeArrangement
 from factflow.arrangement.batch import DIFF, Batch
 from factflow.engine.clock import Buffered
 from factflow.engine.definition import QueryDefinition
+from factflow.engine.history import History
 from factflow.engine.session import label_jobs
 from factflow.engine.transaction import SLOT, WideOps
 from factflow.errors import StorageError
@@ -173,6 +174,7 @@ class Durability:
                 rules.register(text)
             state.offsets.load(recovered.offsets)
             state.epoch = recovered.epoch
+            state.history = History(recovered.epoch)
             durability._restore_clock(recovered.frontier, recovered.pending)
             durability.epochs_logged = recovered.log_epochs
             mark = time.perf_counter()

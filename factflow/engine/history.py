@@ -76,20 +76,22 @@ def private_handles(stateful: Iterable[object]) -> list[TraceHandle]:
 
 
 class History:
-    """The latest closed epochs, as many as the largest slack needs (ascending)."""
+    """The latest closed epochs, as many as the largest slack needs (ascending).
 
-    def __init__(self) -> None:
-        self.closed: list[int] = []
+    ``start`` is the epoch the engine starts at (0, the empty state, or the epoch a durable
+    engine recovered): it is closed too, so a query installed there with slack keeps its
+    install epoch readable until ``slack`` later epochs have closed."""
+
+    def __init__(self, start: int = 0) -> None:
+        self.closed: list[int] = [start]
 
     def close(self, epoch: int, keep: int) -> None:
         """Record the closed ``epoch``; remember it and the ``keep`` closed before it."""
         self.closed.append(epoch)
         del self.closed[:max(0, len(self.closed) - keep - 1)]
 
-    def frontier(self, slack: int) -> int | None:
-        """The oldest epoch a reader with ``slack`` must still read exactly (None before any epoch)."""
-        if not self.closed:
-            return None
+    def frontier(self, slack: int) -> int:
+        """The oldest epoch a reader with ``slack`` must still read exactly."""
         return self.closed[max(0, len(self.closed) - 1 - slack)]
 
     @staticmethod

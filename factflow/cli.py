@@ -36,6 +36,7 @@ from typing import Any, Iterable, Sequence
 from factflow import __version__
 from factflow.engine.session import LOG_LEVEL_VARIABLE
 from factflow.errors import FactflowError
+from factflow.text import plural
 
 __all__ = ["main", "build_parser"]
 
@@ -104,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.set_defaults(handler=status)
 
     sub = commands.add_parser("load", parents=[common], help="load a file (any Spark source) into a state directory")
-    sub.add_argument("path", nargs="+", help="file(s) or directory to read")
+    sub.add_argument("path", nargs="+", help="files or a directory to read")
     sub.add_argument("--state-dir", metavar="DIR", required=True, help="the durable engine's state directory")
     sub.add_argument("--format", default="csv", help="Spark source format: csv (default), json, parquet, orc, ...")
     sub.add_argument("--entity", default="id", metavar="COLUMN", help="the column of entity ids (default id)")
@@ -192,7 +193,7 @@ def status(args: argparse.Namespace) -> int:
     print(f"queries  {len(report['queries'])}")
     width = max((len(name) for name in report["queries"]), default=0)
     for name, count in sorted(report["queries"].items()):
-        print(f"  {name.ljust(width)}  {count} client{'s' if count != 1 else ''}")
+        print(f"  {name.ljust(width)}  {plural(count, 'client')}")
     return 0
 
 
@@ -217,7 +218,7 @@ def load(args: argparse.Namespace) -> int:
                          attributes={attribute: column for attribute, column, _, _ in args.attr},
                          options=dict(args.option))
     facts = ", ".join(f"{name} {n}" for name, n in report.facts.items())
-    print(f"epoch {report.epoch}: {report.rows} rows, facts {facts} ({report.seconds:.1f}s)")
+    print(f"epoch {report.epoch}: {plural(report.rows, 'row')}, facts {facts} ({report.seconds:.1f}s)")
     return 0
 
 
@@ -292,7 +293,7 @@ def _print_table(columns: Sequence[str], rows: Iterable[Sequence], epoch: int | 
     widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
     for line in cells:
         print("  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip())
-    count = f"{len(rows)} row{'s' if len(rows) != 1 else ''}"
+    count = plural(len(rows), "row")
     print(f"({count}, epoch {epoch})" if epoch is not None else f"({count})", flush=True)
 
 

@@ -50,3 +50,22 @@ def test_malformed_rule_text_is_a_rule_error_chained_from_the_cause(text, cause,
             parse(text)
         assert isinstance(info.value.__cause__, cause), repr(info.value.__cause__)
         assert fragment in str(info.value), str(info.value)
+
+
+@pytest.mark.parametrize("count, noun, plural_form, expected", [
+    (0, "argument", None, "0 arguments"), (1, "argument", None, "1 argument"), (2, "argument", None, "2 arguments"),
+    (1, "query", "queries", "1 query"), (3, "query", "queries", "3 queries"), (1000000, "row", None, "1,000,000 rows"),
+])
+def test_plural_puts_the_noun_in_the_number_of_its_count(count, noun, plural_form, expected):
+    from factflow.text import plural
+
+    assert plural(count, noun, plural_form) == expected
+
+
+def test_a_real_message_counts_in_the_singular():
+    """An :in with one input given none: "expects 1 input", never "1 input(s)" or "1 inputs"."""
+    from factflow.planner.synthesis import plan_query
+
+    with pytest.raises(QueryError) as info:
+        plan_query("[:find ?p :in $ ?n :where [?p :person/age ?n]]", _schema(), RuleStore(), inputs=())
+    assert "expects 1 input after $, but got 0" in str(info.value), str(info.value)

@@ -44,6 +44,7 @@ from factflow.dataflow.nodes import Columns, Node, Scan, Stateful, Static
 from factflow.dataflow.slots import HandleSlot
 from factflow.dataflow.zset import ident
 from factflow.model.types import Kind
+from factflow.text import plural
 
 __all__ = ["selective", "CountIndex", "Extender", "Lookup", "Extend", "Apply", "Exclude", "Pipeline", "DeltaJoin", "Shape"]
 
@@ -315,7 +316,7 @@ class DeltaJoin(Node):
 
     # ------------------------------------------------------------ explain
     def describe(self):
-        return f"DeltaJoin ({self.strategy}): {len(self.pipelines)} pipeline(s), no private state"
+        return f"DeltaJoin ({self.strategy}): {plural(len(self.pipelines), 'pipeline')}, no private state"
 
     def details(self) -> list[str]:
         """Lines describing each pipeline: its source, variable order and stages."""

@@ -78,6 +78,7 @@ from factflow.storage.facts import (
     as_pandas, facts_schema, from_pandas, read_frame, read_tables, write_frame, write_table,
 )
 from factflow.storage.store import CheckpointFiles, FactSource, StateStore
+from factflow.text import plural
 
 if TYPE_CHECKING:  # pragma: no cover
     from factflow.engine.config import EngineConfig
@@ -205,7 +206,7 @@ class Durability:
         clock = self.state.clock
         if clock is None:
             if pending:
-                raise StorageError(f"{self.store.directory} holds {len(pending)} transactions buffered for open event "
+                raise StorageError(f"{self.store.directory} holds {plural(len(pending), 'transaction')} buffered for open event "
                                    "times: open it with Engine(time='event', state_dir=...)")
             return
         clock.frontier = max(frontier or 1, self.state.epoch + 1)

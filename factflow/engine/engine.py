@@ -66,6 +66,7 @@ from factflow.io.load import LoadReport, load
 from factflow.model.schema import Attribute, Schema
 from factflow.planner.plan import Plan
 from factflow.planner.synthesis import plan_query
+from factflow.text import plural
 
 __all__ = ["Engine", "EngineConfig", "EpochReport", "SparkJob", "RecoveryReport", "CheckpointReport"]
 
@@ -264,7 +265,7 @@ class Engine:
             raise TransactionError("an event-time engine takes transactions one at a time: transact(tx, time=T)")
         outcomes: list[int | FactflowError | None] = [None] * len(transactions)
         if offsets is not None and len(offsets) != len(transactions):
-            raise TransactionError(f"{len(offsets)} offsets given for {len(transactions)} transactions")
+            raise TransactionError(f"{plural(len(offsets), 'offset')} given for {plural(len(transactions), 'transaction')}")
 
         def run() -> None:
             checked: dict[int, transaction.WideOps] = {}

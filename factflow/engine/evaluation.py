@@ -52,6 +52,7 @@ from factflow.dataflow.recursion import Fixpoint
 from factflow.engine.collect import Collector
 from factflow.errors import ExecutionError
 from factflow.model.types import Kind, spark_type
+from factflow.text import plural
 
 if TYPE_CHECKING:  # pragma: no cover
     from contextlib import AbstractContextManager
@@ -181,7 +182,7 @@ class Evaluation:
             frames = collector.run(self.spark, cx, self.fetch_limit, label)
         if any(frame is None for frame in frames):
             raise ExecutionError(f"{label}: an iteration of recursive rules derived more rows than a fetch may "
-                                 f"bring to the driver (EngineConfig.fetch_limit, {self.fetch_limit:,} rows)")
+                                 f"bring to the driver (EngineConfig.fetch_limit, {plural(self.fetch_limit, 'row')})")
         return {key: (self._local_relation(frame, columns), len(frame))
                 for (key, (_, columns)), frame in zip(relations.items(), frames)}
 

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import SparkSession
 
+from factflow.text import plural
+
 if TYPE_CHECKING:  # pragma: no cover
     from factflow.engine.state import EngineState
 
@@ -60,18 +62,19 @@ class EpochReport:
 
     def describe(self) -> str:
         """Multi-line text: the epoch's figures and one line per Spark job."""
-        lines = [f"epoch {self.epoch}: {self.operations} operations -> {self.changes} changes, "
-                 f"{len(self.queries)} queries updated, {len(self.jobs)} Spark jobs "
-                 f"({self.plans_reused} of {self.statements} statements from kept plans), {self.seconds:.3f}s "
+        operations = plural(self.operations, "operation") if self.operations is not None else "? operations"
+        lines = [f"epoch {self.epoch}: {operations} -> {plural(self.changes, 'change')}, "
+                 f"{plural(len(self.queries), 'query', 'queries')} updated, {plural(len(self.jobs), 'Spark job')} "
+                 f"({self.plans_reused} of {plural(self.statements, 'statement')} from kept plans), {self.seconds:.3f}s "
                  + " ".join(f"{k}={v:.3f}s" for k, v in self.phases.items())]
         if self.kept_in_spark:
             lines.append(f"  kept in Spark (over the driver fetch limit): {', '.join(self.kept_in_spark)}")
         for job in self.jobs:
             took = f"{job.seconds:.3f}s" if job.seconds is not None else "?"
-            lines.append(f"  job {job.id} ({job.tasks} tasks, {took}, read {job.rows_read} rows, "
+            lines.append(f"  job {job.id} ({plural(job.tasks, 'task')}, {took}, read {plural(job.rows_read, 'row')}, "
                          f"shuffled {job.rows_shuffled}): {job.description}")
         if self.maintenance_jobs:
-            lines.append(f"  after delivery: {self.merges} merges, {len(self.maintenance_jobs)} Spark jobs")
+            lines.append(f"  after delivery: {plural(self.merges, 'merge')}, {plural(len(self.maintenance_jobs), 'Spark job')}")
         return "\n".join(lines)
 
 

@@ -42,6 +42,7 @@ from factflow.model.frames import in_session
 from factflow.model.schema import Attribute, Schema
 from factflow.dataflow.statement import Statement
 from factflow.model.types import Kind, coerce_value, python_type_name, spark_type, sql_type
+from factflow.text import plural
 
 __all__ = ["PreparedTransaction", "WideOps", "prepare", "read_ops", "read_wide", "combine", "effective_changes", "format_errors", "SLOT", "TX_SCHEMA", "ERR"]
 
@@ -108,7 +109,7 @@ def read_wide(tx: Any, schema: Schema, spark: SparkSession, local_limit: int) ->
         tx = in_session(tx, spark)
         spark.sparkContext.setJobDescription("fetch a buffered transaction DataFrame")
         if tx.limit(local_limit + 1).count() > local_limit:
-            raise TransactionError(f"a transaction DataFrame of more than {local_limit} rows (EngineConfig.local_limit) "
+            raise TransactionError(f"a transaction DataFrame of more than {plural(local_limit, 'row')} (EngineConfig.local_limit) "
                                    "cannot be buffered for an event time; load it in transaction time or in parts")
         text = "v" in tx.columns and isinstance(tx.schema["v"].dataType, T.StringType)
         tx = _fetch_text(tx, schema, spark) if text else tx.toArrow().to_pandas()  # text converted as in prepare

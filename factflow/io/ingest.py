@@ -48,6 +48,7 @@ from pyspark.sql.streaming import StreamingQuery
 from factflow.engine.clock import event_time
 from factflow.engine.session import label_jobs
 from factflow.errors import IngestError, LateTransactionError, TransactionError
+from factflow.text import plural
 
 if TYPE_CHECKING:  # pragma: no cover
     from factflow.engine.engine import Engine
@@ -80,7 +81,7 @@ def ingest(db: "Engine", stream: DataFrame, source: str, checkpoint: str, on_err
         raise IngestError(f"ingest {source}: on_error must be one of {', '.join(_ON_ERROR)}, not {on_error!r}")
     missing = [c for c in ("e", "a", "v") if c not in stream.columns]
     if missing:
-        raise IngestError(f"ingest {source}: the stream lacks column(s) {', '.join(missing)} "
+        raise IngestError(f"ingest {source}: the stream lacks {plural(len(missing), 'column')}: {', '.join(missing)} "
                           f"(it has {', '.join(stream.columns)})")
     event = db.time == "event"
     if event != ("t" in stream.columns):
@@ -138,7 +139,7 @@ def _apply_by_time(db: "Engine", batch: DataFrame, source: str, batch_id: int) -
     if None in times:
         raise TransactionError(f"batch {batch_id} of {source}: a fact has no event time (column t is null)")
     if len(times) > TIMES_PER_BATCH:
-        raise TransactionError(f"batch {batch_id} of {source}: {len(times)} distinct times, at most {TIMES_PER_BATCH}")
+        raise TransactionError(f"batch {batch_id} of {source}: {plural(len(times), 'distinct time')}, at most {TIMES_PER_BATCH:,}")
     if times and event_time(times[0]) < db.frontier:
         raise LateTransactionError(f"batch {batch_id} of {source} is late: time {times[0]} is before the frontier "
                                    f"{db.frontier}")

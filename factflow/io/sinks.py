@@ -177,7 +177,7 @@ class SinkWriter:
         elif meta != wanted:
             differ = ", ".join(k if k != "schema" else "columns" for k in wanted if meta.get(k) != wanted[k])
             theirs = [f.name for f in T.StructType.fromJson(meta["schema"]).fields] if "schema" in meta else None
-            raise SinkError(f"query {self.query}: {path} was written by another sink ({differ} differ: it has "
+            raise SinkError(f"query {self.query}: {path} was written by another sink (it differs in {differ}: it has "
                             f"format {meta.get('format')!r}, mode {meta.get('mode')!r}, columns {theirs})")
         return last_epoch(path)
 

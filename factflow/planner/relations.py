@@ -11,6 +11,7 @@ from factflow.errors import QueryError
 from factflow.lang.ast import BindColl, Binding, BindRel, BindScalar, BindTuple, Blank, Var
 from factflow.model.types import Kind, kind_of_python_value, to_utc_naive
 from factflow.planner.context import PlanContext
+from factflow.text import plural
 
 __all__ = ["binding_rows", "static_relation"]
 
@@ -22,7 +23,7 @@ def binding_rows(binding: Binding, value: Any, where: str) -> tuple[list[Var | B
     if isinstance(binding, BindTuple):
         row = _sequence(value, where)
         if len(row) != len(binding.elements):
-            raise QueryError(f"{where}: expected a tuple of {len(binding.elements)} values, got {len(row)}")
+            raise QueryError(f"{where}: expected a tuple of {plural(len(binding.elements), 'value')}, got {len(row)}")
         return list(binding.elements), [tuple(row)]
     if isinstance(binding, BindColl):
         return [binding.var], [(v,) for v in _sequence(value, where)]
@@ -31,7 +32,7 @@ def binding_rows(binding: Binding, value: Any, where: str) -> tuple[list[Var | B
         for row in _sequence(value, where):
             row = _sequence(row, where)
             if len(row) != len(binding.elements):
-                raise QueryError(f"{where}: every row must have {len(binding.elements)} values; got {row!r}")
+                raise QueryError(f"{where}: every row must have {plural(len(binding.elements), 'value')}; got {row!r}")
             rows.append(tuple(row))
         return list(binding.elements), rows
     raise TypeError(binding)
@@ -80,7 +81,7 @@ def static_relation(pc: PlanContext, elements: Sequence[Var | Blank], rows: Sequ
     # sorted: a relation is a set, so inputs given in another order plan the same
     converted = tuple(sorted({tuple(_convert(v, k) for v, k in zip(row, kinds)) for row in distinct}))
     slot = RowsSlot(tuple((columns[var], k) for var, k in zip(variables, kinds)), converted, pc.owner)
-    return Static(slot, f"{where} ({len(distinct)} rows)")
+    return Static(slot, f"{where} ({plural(len(distinct), 'row')})")
 
 
 def _convert(value: Any, kind: Kind) -> Any:

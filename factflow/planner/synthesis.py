@@ -29,6 +29,7 @@ from factflow.planner.pull import PullPlan, plan_pull
 from factflow.planner.relations import binding_rows, static_relation
 from factflow.planner.shared import SharedRules
 from factflow.planner.strategy import requested_strategy
+from factflow.text import plural
 
 __all__ = ["plan_query"]
 
@@ -36,7 +37,7 @@ __all__ = ["plan_query"]
 def _bind_inputs(query: Query, inputs: Sequence[Any], scope: Scope, pc: PlanContext) -> list[Static]:
     bindings = query.binding_inputs
     if len(inputs) != len(bindings):
-        raise QueryError(f"the query's :in expects {len(bindings)} input(s) after $, but {len(inputs)} were given")
+        raise QueryError(f"the query's :in expects {plural(len(bindings), 'input')} after $, but got {len(inputs)}")
     expected = pattern_kinds(query.where, pc)
     sources = []
     for i, (inp, value) in enumerate(zip(bindings, inputs)):

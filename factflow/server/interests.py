@@ -22,6 +22,7 @@ from typing import Callable
 from factflow.engine.engine import Engine
 from factflow.engine.query import Query
 from factflow.server.protocol import ProtocolError
+from factflow.text import plural
 
 __all__ = ["Interests", "Listener", "Push"]
 
@@ -111,7 +112,7 @@ class Interests:
             raise ProtocolError("not-found", f"no query named {name!r} is installed")
         others = [c for c in shared.listeners if c != listener.client_id]
         if others:
-            raise ProtocolError("conflict", f"{len(others)} other client(s) are interested in {name!r}")
+            raise ProtocolError("conflict", f"{name!r} has {plural(len(others), 'other interested client')}")
         shared.listeners.clear()
         listener.queries.discard(name)
         del self._queries[name]

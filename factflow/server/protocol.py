@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from factflow.errors import FactflowError
+from factflow.text import plural
 
 __all__ = ["PROTOCOL_VERSION", "CATEGORIES", "OPS", "ProtocolError", "Request", "parse_frame", "reply_ok",
            "reply_error", "diff_message", "attribute_message", "encode"]
@@ -118,7 +119,7 @@ def _check_fields(op: str, item: dict) -> ProtocolError | None:
             return ProtocolError("incorrect", f"{op}: field \"{name}\" must be a finite number")
     unknown = sorted(set(item) - known)
     if unknown:
-        return ProtocolError("incorrect", f"{op}: unknown field(s) {', '.join(unknown)}")
+        return ProtocolError("incorrect", f"{op}: {plural(len(unknown), 'unknown field')}: {', '.join(unknown)}")
     return None
 
 

@@ -399,6 +399,25 @@ def test_lazy_rules_resolved_at_interest(people):
     assert "line 1" in str(info.value) and isinstance(info.value.__cause__, EdnSyntaxError)
 
 
+def test_register_rejects_rules_that_can_never_run_and_logs_nothing(spark, tmp_path):
+    """Negation through recursion and a wrong number of arguments are refused by register,
+    not by the first query: nothing is stored, nor written to the state directory's log."""
+    from factflow import Engine
+
+    with Engine(spark=spark, state_dir=str(tmp_path)) as db:
+        db.create_attribute(":n/a", type="ref")
+        with pytest.raises(RuleError, match="rules p -> q are not stratifiable: p negates q"):
+            db.register("[[(p ?x) [?x :n/a _] (not (q ?x))] [(q ?x) [?x :n/a _] (p ?x)]]")
+        with pytest.raises(RuleError, match=r"rule r, \(s \?x \?x\): rule s takes 1 argument, got 2"):
+            db.register("[[(r ?x) [?x :n/a _] (s ?x ?x)] [(s ?x) [?x :n/a _]]]")
+        with pytest.raises(RuleError, match="unknown rule p"):
+            db.plan("[:find ?x :where (p ?x)]")
+    with Engine(spark=spark, state_dir=str(tmp_path)) as db:  # the log holds no rules
+        assert db.register("[[(p ?x) [?x :n/a _]] [(r ?x) (p ?x)]]") == ["p", "r"]
+        db.transact([add(1, ":n/a", 2)])
+        assert db.query("[:find ?x :where (r ?x)]").results() == {(1,): 1}
+
+
 def test_close_releases_handles_and_state(people):
     people.transact([add(1, ":person/knows", 2), add(2, ":person/knows", 3)])
     q = people.query("[:find ?a ?c :where [?a :person/knows ?b] [?b :person/knows ?c] [?c :person/knows ?a]]")

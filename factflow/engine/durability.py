@@ -172,7 +172,7 @@ class Durability:
             for name, value_type, semantics, settings in recovered.attributes:
                 state.schema.create(name, value_type, semantics, reserved=True, **settings)
             for text in recovered.rules:
-                rules.register(text)
+                rules.restore(text)
             state.offsets.load(recovered.offsets)
             state.epoch = recovered.epoch
             state.history = History(recovered.epoch)

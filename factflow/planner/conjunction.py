@@ -27,7 +27,7 @@ from factflow.lang.ast import (
     BindScalar, Blank, Clause, Const, FnCall, Not, Or, Pattern, Predicate, RuleCall, Var, binding_vars, clause_vars,
     show, term_vars,
 )
-from factflow.lang.rules import bound_vars
+from factflow.lang.rules import bound_vars, check_arity
 from factflow.model.types import Kind, coerce_value, kind_of_python_value
 from factflow.planner.context import PlanContext
 from factflow.planner.magic import goal_relation
@@ -390,9 +390,7 @@ class _Conjunction:
         """A rule's relation with the call's constants and repeated variables applied; a recursive
         rule called with bound arguments is evaluated goal-directed (see :mod:`factflow.planner.magic`)."""
         where = show(clause)
-        arity = self.pc.arity(clause.name, where)
-        if len(clause.args) != arity:
-            raise QueryError(f"{where}: rule {clause.name} takes {arity} arguments, got {len(clause.args)}")
+        check_arity(clause, self.pc.arity(clause.name, where), where)
         goal = goal_relation(clause, left, self.scope, self.pc, self.stack, where)
         relation, kinds = goal or rule_relation(clause.name, self.pc, self.stack, where)
         node: Node = relation

@@ -55,10 +55,10 @@ from factflow.dataflow.nodes import Bind, Node, Project
 from factflow.dataflow.zset import ident, literal
 from factflow.errors import QueryError
 from factflow.lang.ast import BindScalar, Clause, Const, FnCall, Rule, RuleCall, Var, term_vars
-from factflow.lang.rules import bound_vars, rule_calls
+from factflow.lang.rules import bound_vars, check_stratified, rule_calls
 from factflow.model.types import Kind, kind_of_python_value
 from factflow.planner.linear import turned_around
-from factflow.planner.recursion import check_stratified, component_of, infer_kinds, plan_component
+from factflow.planner.recursion import component_of, infer_kinds, plan_component
 from factflow.planner.relations import static_relation
 from factflow.planner.sips import close, is_relation, needs, sips_order
 
@@ -182,7 +182,7 @@ def goal_relation(clause: RuleCall, left: Node | None, scope: "Scope", pc: "Plan
     a = adornment(clause.args, {v for v in term_vars(clause.args) if scope.col(v) in bound_cols})
     if "b" not in a:
         return None
-    check_stratified(component, pc)
+    check_stratified(component, pc.bodies)
     pc.goal_calls += 1
     turned = turned_around(clause.name, a, component, pc, f"{clause.name}-turned")
     if turned is not None:

@@ -2,7 +2,8 @@
 
 A rule is recursive when it can reach itself through rule calls; the rules that reach
 each other form a component, evaluated together. Negation through a component's own
-rules is not stratifiable and rejected with the cycle named. The types of the rules'
+rules is not stratifiable and rejected with the cycle named (as ``register`` does when
+the rules are known then, see :mod:`factflow.lang.rules`). The types of the rules'
 arguments are inferred from the data patterns and the other rules they call before the
 bodies are planned, since a body reads the component's relations before they exist.
 """
@@ -13,56 +14,21 @@ from typing import TYPE_CHECKING, Callable
 
 from factflow.dataflow.recursion import Fixpoint, Placeholder, RecursiveBody
 from factflow.errors import RuleError
-from factflow.lang.ast import Not, Or, RuleCall, Var, show
+from factflow.lang.ast import RuleCall, Var, show
+from factflow.lang.rules import calls, check_stratified, recursive_component
 from factflow.model.types import Kind
 from factflow.planner.sips import is_relation, sips_order
 
 if TYPE_CHECKING:  # pragma: no cover
     from factflow.planner.context import PlanContext
 
-__all__ = ["component_of", "check_stratified", "infer_kinds", "plan_component"]
-
-
-def _calls(clauses, negated: bool = False):
-    """(rule name, under negation) for every rule call in ``clauses``."""
-    for c in clauses:
-        if isinstance(c, RuleCall):
-            yield c.name, negated
-        elif isinstance(c, Not):
-            yield from _calls(c.clauses, True)
-        elif isinstance(c, Or):
-            for branch in c.branches:
-                yield from _calls(branch, negated)
+__all__ = ["component_of", "infer_kinds", "plan_component"]
 
 
 def component_of(name: str, pc: "PlanContext", where: str) -> list[str]:
-    """The rules mutually recursive with ``name`` (empty if ``name`` is not recursive)."""
-    def callees(n):
-        return {m for body in pc.bodies(n, where) for m, _ in _calls(body.body)}
-
-    def reach(n):
-        seen, stack = set(), [n]
-        while stack:
-            for m in callees(stack.pop()):
-                if m not in seen:
-                    seen.add(m)
-                    stack.append(m)
-        return seen
-
-    if name not in reach(name):
-        return []
-    return sorted(m for m in reach(name) | {name} if name in reach(m) or m == name)
-
-
-def check_stratified(component: list[str], pc: "PlanContext") -> None:
-    """Reject a component whose rules negate one another (RuleError naming the cycle)."""
-    members = set(component)
-    for rule in component:
-        for body in pc.bodies(rule):
-            for callee, negated in _calls(body.body):
-                if negated and callee in members:
-                    raise RuleError(f"rules {' -> '.join(component)} are not stratifiable: {rule} negates {callee}, "
-                                    f"which depends on {rule} ({show(body)})")
+    """The rules mutually recursive with ``name`` (empty if ``name`` is not recursive); a
+    RuleError for a rule on the way that is not registered."""
+    return recursive_component(name, lambda n: {c.name for body in pc.bodies(n, where) for c, _ in calls(body.body)})
 
 
 def infer_kinds(component: list[str], pc: "PlanContext", rule_kinds: Callable[[str], list[Kind]],
@@ -103,7 +69,7 @@ def plan_component(name: str, component: list[str], pc: "PlanContext", stack: tu
     inferred); ``goal`` describes the goal-directed call the rules were rewritten for."""
     from factflow.planner.conjunction import Scope, plan_conjunction, rule_relation
 
-    check_stratified(component, pc)
+    check_stratified(component, pc.bodies)
     if kinds is None:
         kinds = infer_kinds(component, pc, lambda n: rule_relation(n, pc, stack, where)[1], where)
     columns = {r: tuple((pc.column(f"{r}_{i}"), k) for i, k in enumerate(kinds[r])) for r in component}

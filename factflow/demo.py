@@ -28,6 +28,7 @@ from factflow.engine.engine import Engine
 from factflow.engine.query import Query
 from factflow.errors import FactflowError
 from factflow.io.ldbc import find_ldbc, load_ldbc
+from factflow.text import plural
 
 __all__ = ["run_demo", "run_server_demo"]
 
@@ -57,14 +58,17 @@ NEWCOMERS = [("Greta", "Hoffmann"), ("Jonas", "Keller"), ("Mira", "Schulz")]
 
 #: printed once, after the first epoch's cost
 WHY_SECONDS = """\
-    Why seconds for a dozen facts? An epoch runs as a few Spark SQL statements, two Spark
-    jobs however many queries it updates, and what those cost is Spark planning, compiling
-    and scheduling the statements, not the rows. A fresh process pays the most: every
-    statement of a new shape is planned and its code generated and compiled, while the
-    JVM's JIT compiler is still warming up on the same cores. An epoch whose statements
-    have a shape seen before runs the plans kept for them (the "plans reused" count). Warm,
-    a one-change epoch costs about 0.2-0.4 s on a quiet 2-core machine, 8-9x a trivial
-    Spark job (docs/benchmarks-summary.md); a busy machine shows more."""
+    Why seconds for a dozen facts? However many queries it updates, a small epoch is two
+    Spark jobs of one task each, and what they cost is fixed overhead, not the facts:
+    Spark plans the epoch's SQL statements, then runs them over the state they join with.
+    State this small stays on the driver and each join reads it whole (the "rows read"
+    above); large state is kept in Spark and probed by key. A fresh process pays most:
+    each statement of a new shape is planned while the JVM's JIT compiler is still warming
+    up on the same cores (installs also generate and compile code). An epoch whose
+    statements have a shape seen before reuses their plans ("plans reused"). On a quiet
+    2-core machine a warm one-change epoch with five simple queries costs about 0.2 s,
+    8-9x a trivial Spark job (docs/benchmarks-summary.md); these queries read more, and a
+    machine busy with other Spark jobs shows more."""
 
 
 def _stream(first_id: int, berlin: int) -> list[tuple[str, str, list]]:
@@ -156,7 +160,7 @@ def run_demo(data: str | None = None, master: str | None = None, out=sys.stdout,
     say(f"   LDBC SNB tiny from {root}: persons, who knows whom, places, who lives where")
     epochs = load_ldbc(db, root)
     stats = db.stats()
-    say(f"   {stats['shared_tuples']} tuples in the shared attribute indexes after {len(epochs)} load epochs "
+    say(f"   {plural(stats['shared_tuples'], 'tuple')} in the shared attribute indexes after {len(epochs)} load epochs "
         f"(one per file), {time.perf_counter() - started:.1f}s, most of it starting Spark")
     say("")
     say("2. Register two rules")
@@ -172,7 +176,7 @@ def run_demo(data: str | None = None, master: str | None = None, out=sys.stdout,
         q = db.query(text, name=name, inputs=inputs)
         queries[name] = q
         say(f"   {name:17s} {what}")
-        say(f"   {'':17s} {len(q.results())} rows, installed in {time.perf_counter() - mark:.1f}s")
+        say(f"   {'':17s} {plural(len(q.results()), 'row')}, installed in {time.perf_counter() - mark:.1f}s")
     say("")
     say("4. Change the data: each transaction is one epoch, after which every query reports how")
     say("   its result changed: '+1 row' entered it, '-1 row' left it (people shown by first name)")
@@ -195,18 +199,24 @@ def run_demo(data: str | None = None, master: str | None = None, out=sys.stdout,
         if not changed:
             say("    no query changed")
         diffs.clear()
-        facts = f"{report.changes} fact change{'' if report.changes == 1 else 's'}"
-        say(f"    cost: {report.seconds:.2f}s, {len(report.jobs)} Spark jobs, {facts}, "
+        rows = sum(job.rows_read or 0 for job in report.jobs)
+        say(f"    cost: {report.seconds:.2f}s for {plural(report.changes, 'fact change')}: "
+            f"{plural(len(report.jobs), 'Spark job')}, {plural(rows, 'row')} read, "
             f"plans reused for {report.plans_reused} of {report.statements} statements")
         if number == 0:
             say(WHY_SECONDS)
     say("")
     stats = db.stats()
     say("5. What the engine holds now")
-    say(f"   shared attribute indexes: {stats['shared_tuples']} tuples, read by every query")
+    say(f"   shared attribute indexes: {plural(stats['shared_tuples'], 'tuple')}, read by every query (more than")
+    say("   after loading: the queries asked for reverse and count indexes of some attributes)")
     for name in queries:
-        say(f"   {name:17s} {stats['query_tuples'][name]} tuples of private state, "
-            f"{stats['result_tuples'][name]} of result")
+        say(f"   {name:17s} {plural(stats['query_tuples'][name], 'tuple')} of private state, "
+            f"{stats['result_tuples'][name]:,} of result")
+    for rule in stats["shared_rules"].values():  # a rule's relation is kept once for all its readers
+        users = rule["users"]
+        say(f"   {'rule ' + '/'.join(rule['rules']):17s} {plural(rule['tuples'], 'tuple')}, kept "
+            f"{'once for ' if len(users) > 1 else 'for '}{' and '.join(users)}")
     say("   How each query is joined (strategy and why):")
     for name, q in queries.items():
         say(f"   {name:17s} {_strategy(q)}")
@@ -242,10 +252,11 @@ def run_server_demo(data: str | None = None, master: str | None = None, out=sys.
                 seen: list[str] = []  # who printed a change in the current epoch
                 views = {who: client.query(text, name=name) for who, client in (("alice", alice), ("bob", bob))}
                 for who, view in views.items():
-                    say(f"  {who} is interested in '{name}' ({what}): {len(view.results())} rows at epoch {view.epoch}")
+                    rows = plural(len(view.results()), 'row')
+                    say(f"  {who} is interested in '{name}', {what}: {rows} at epoch {view.epoch}")
                     view.subscribe(lambda epoch, changes, who=who:
                                    _print_changes(say, names, who, epoch, changes, seen))
-                say(f"  status: {alice.status()['queries'][name]} clients share one dataflow")
+                say(f"  status: {plural(alice.status()['queries'][name], 'client')} share one dataflow")
                 for (title, _, tx), writer in zip(_stream(FIRST_NEWCOMER, berlin), itertools.cycle(("alice", "bob"))):
                     client, other = (alice, bob) if writer == "alice" else (bob, alice)
                     say(f"{writer} says: {title}")
@@ -255,7 +266,7 @@ def run_server_demo(data: str | None = None, master: str | None = None, out=sys.
                         say(f"    '{name}' did not change")
                     seen.clear()
                 views["bob"].close()
-                say(f"bob leaves: {alice.status()['queries'].get(name, 0)} client left on '{name}'")
+                say(f"bob leaves: {plural(alice.status()['queries'].get(name, 0), 'client')} left on '{name}'")
                 views["alice"].close()  # answered once the server has torn the dataflow down
                 say(f"alice leaves: the dataflow is gone ({name in db.queries and 'still there' or 'torn down'})")
     finally:

@@ -22,6 +22,11 @@ talking to a server take its ``ws://HOST:PORT/`` address and ``--token-file``::
 durable state in DIR (see :meth:`factflow.Engine.load`); an ``--attr`` with a type creates
 its attribute if it does not exist. A server holding DIR must be stopped first (one engine
 per directory).
+
+``factflow repair DIR [--accept-data-loss]`` reads a state directory back without Spark and
+prints its epoch, or the damage that keeps it from opening (exit status 1); with
+``--accept-data-loss`` it cuts the write-ahead log at the damage and prints which
+acknowledged epochs were dropped (docs/storage.md, "Recovery").
 """
 
 from __future__ import annotations
@@ -116,6 +121,13 @@ def build_parser() -> argparse.ArgumentParser:
                      help="a reader option, e.g. header=true, sep='|' (repeatable)")
     sub.add_argument("--master", help="Spark master (default: local[*])")
     sub.set_defaults(handler=load)
+
+    sub = commands.add_parser("repair", parents=[common],
+                              help="check a state directory; with --accept-data-loss, cut its log at damage")
+    sub.add_argument("state_dir", metavar="DIR", help="the durable engine's state directory (no engine may hold it)")
+    sub.add_argument("--accept-data-loss", action="store_true",
+                     help="cut the write-ahead log at the damage found, dropping the epochs after it")
+    sub.set_defaults(handler=repair)
 
     sub = commands.add_parser("explain", parents=[remote], help="print the plan of a query installed on a server")
     sub.add_argument("name", help="the query's name")
@@ -219,6 +231,29 @@ def load(args: argparse.Namespace) -> int:
                          options=dict(args.option))
     facts = ", ".join(f"{name} {n}" for name, n in report.facts.items())
     print(f"epoch {report.epoch}: {plural(report.rows, 'row')}, facts {facts} ({report.seconds:.1f}s)")
+    return 0
+
+
+def repair(args: argparse.Namespace) -> int:
+    """``factflow repair DIR [--accept-data-loss]``: read the state directory back without
+    Spark; print what it holds, or the damage found and what cutting the log there would
+    drop (exit status 1), and with ``--accept-data-loss`` cut it there and print what was dropped."""
+    from factflow.storage.store import StateStore
+
+    store = StateStore(args.state_dir)
+    try:
+        recovered = store.recover(accept_data_loss=args.accept_data_loss)
+    except FactflowError as exc:
+        store.close()
+        print(f"factflow: {exc}", file=sys.stderr)
+        return 1
+    store.close(recovered.epoch)
+    if recovered.dropped is not None:
+        print(f"cut the write-ahead log at {recovered.dropped.damage}: {recovered.dropped.description}")
+    for message in recovered.refused + recovered.torn:
+        print(message)
+    print(f"{args.state_dir}: epoch {recovered.epoch} (checkpoint {recovered.checkpoint}, "
+          f"{plural(recovered.log_records, 'log record')} after it)")
     return 0
 
 

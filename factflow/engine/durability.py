@@ -77,7 +77,7 @@ from factflow.model.types import Kind, spark_type
 from factflow.storage.facts import (
     as_pandas, facts_schema, from_pandas, read_frame, read_tables, write_frame, write_table,
 )
-from factflow.storage.store import CheckpointFiles, FactSource, StateStore
+from factflow.storage.store import CheckpointFiles, DroppedLog, FactSource, StateStore
 from factflow.text import plural
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -95,7 +95,9 @@ class RecoveryReport:
     from (None: the log from its start) and the log records and epochs replayed after it,
     checkpoints refused for damage (each message names the file; also durable queries that
     could not be installed again), torn log tails cut off, the seconds it took (``phases``:
-    reading files, loading arrangements) and the durable queries installed again."""
+    reading files, loading arrangements), the durable queries installed again, and what
+    opening with ``accept_data_loss=True`` gave up at damage in the log (``dropped``: the
+    damage, the last epoch kept, the acknowledged epochs dropped; None when nothing was)."""
 
     epoch: int
     checkpoint: int | None
@@ -107,6 +109,7 @@ class RecoveryReport:
     seconds: float
     phases: dict[str, float] = field(default_factory=dict)
     queries: list[str] = field(default_factory=list)
+    dropped: DroppedLog | None = None
 
 
 @dataclass
@@ -161,12 +164,13 @@ class Durability:
     # ------------------------------------------------------------ opening
     @classmethod
     def open(cls, directory: str, state: "EngineState", rules: RuleStore, config: "EngineConfig",
-             engine_id: int) -> "Durability":
-        """Open ``directory`` (exclusively) and recover its state into ``state`` and ``rules``."""
+             engine_id: int, accept_data_loss: bool = False) -> "Durability":
+        """Open ``directory`` (exclusively) and recover its state into ``state`` and ``rules``;
+        damage in the log is refused unless ``accept_data_loss`` (see :meth:`StateStore.recover`)."""
         started = time.perf_counter()
         store = StateStore(directory)
         try:
-            recovered = store.recover()
+            recovered = store.recover(accept_data_loss)
             read = time.perf_counter() - started
             durability = cls(store, state, rules, config, engine_id)
             for name, value_type, semantics, settings in recovered.attributes:
@@ -193,7 +197,7 @@ class Durability:
         durability.recovery = RecoveryReport(
             recovered.epoch, recovered.checkpoint, recovered.log_records, recovered.log_epochs, facts,
             recovered.refused, recovered.torn, time.perf_counter() - started,
-            {"read": round(read, 4), "load": round(time.perf_counter() - mark, 4)})
+            {"read": round(read, 4), "load": round(time.perf_counter() - mark, 4)}, dropped=recovered.dropped)
         if recovered.epoch or recovered.attributes:
             log.info("recovered %s: epoch %d from checkpoint %s and %d log records (%d facts, %.2fs)", directory,
                      recovered.epoch, recovered.checkpoint, recovered.log_records, facts,
@@ -421,9 +425,10 @@ class Durability:
                 if self.last_error else None, "recovery": self.recovery}
 
     def close(self) -> None:
-        """Wait for a running checkpoint, close the log and give the directory up."""
+        """Wait for a running checkpoint, close the log (marking it cleanly closed at the
+        engine's epoch) and give the directory up."""
         self.wait()
-        self.store.close()
+        self.store.close(self.state.epoch)
 
 
 def _ops_schema() -> pa.Schema:

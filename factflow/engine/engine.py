@@ -90,7 +90,12 @@ class Engine:
     engine opens it again; ``transact`` returns only once its epoch is in the write-ahead
     log (fsync'd), checkpoints are written in the background, and one engine at a time may
     have the directory open (:class:`factflow.StateLockedError` otherwise). What the
-    opening recovered is in :attr:`recovery`. Without ``state_dir`` the engine keeps its
+    opening recovered is in :attr:`recovery`. Damage that would lose acknowledged epochs (a
+    log record failing its checksum with more log after it, a log cut short after a clean
+    close) is refused with :class:`factflow.CorruptStateError` naming the file, the byte
+    offset and the epochs beyond it; ``accept_data_loss=True`` opens the directory anyway,
+    cutting the log there, and ``recovery.dropped`` says what was given up (``factflow
+    repair DIR`` does the same without starting Spark). Without ``state_dir`` the engine keeps its
     files (index files of stored batches) in a temporary directory that ``close()``
     removes, and nothing survives it.
 
@@ -105,7 +110,7 @@ class Engine:
 
     def __init__(self, spark: SparkSession | None = None, master: str | None = None,
                  state_dir: str | None = None, config: EngineConfig | None = None, introspection: bool = False,
-                 time: str = "transaction"):
+                 time: str = "transaction", accept_data_loss: bool = False):
         if time not in ("transaction", "event"):
             raise FactflowError(f"time must be 'transaction' or 'event', not {time!r}")
         self._holds_session = spark is None
@@ -137,7 +142,8 @@ class Engine:
         self.recovery: RecoveryReport | None = None
         if state_dir:
             try:
-                self._durability = Durability.open(state_dir, self._state, self.rules, self.config, self._id)
+                self._durability = Durability.open(state_dir, self._state, self.rules, self.config, self._id,
+                                                   accept_data_loss)
             except BaseException:
                 self._state.close()
                 if self._holds_session:

@@ -42,9 +42,10 @@ from factflow.storage.facts import from_ipc, to_ipc, write_frame
 from factflow.storage.files import (
     DirectoryLock, bytes_under, fsync_dir, open_sealed_json, sealed_json, verify_file, write_atomic,
 )
-from factflow.storage.wal import FORMAT_VERSION, LogRecord, WriteAheadLog
+from factflow.storage.wal import FORMAT_VERSION, LogDamage, LogRecord, WriteAheadLog
+from factflow.text import plural
 
-__all__ = ["StateStore", "Recovered", "FactSource", "CheckpointFiles", "FORMAT_VERSION"]
+__all__ = ["StateStore", "Recovered", "DroppedLog", "FactSource", "CheckpointFiles", "FORMAT_VERSION"]
 
 log = logging.getLogger("factflow.storage")
 
@@ -77,7 +78,9 @@ class Recovered:
     ``facts``: per attribute id, the sources whose rows sum to its facts (the checkpoint's
     files first, then the changes of every later epoch). ``checkpoint``: the epoch of the checkpoint
     used (None: the log from its start). ``refused``: damage found in newer checkpoints;
-    ``torn``: what a torn log tail lost (never an acknowledged epoch). Event time:
+    ``torn``: what a torn log tail lost (never an acknowledged epoch); ``dropped``: what
+    opening with ``accept_data_loss`` gave up at damaged log records (None when nothing
+    was, see :class:`DroppedLog`). Event time:
     ``frontier`` (None: never logged) and ``pending``, the transactions buffered for open
     times as ``(time, offsets, operations table)`` in arrival order.
     """
@@ -93,8 +96,27 @@ class Recovered:
     log_epochs: int = 0
     refused: list[str] = field(default_factory=list)
     torn: list[str] = field(default_factory=list)
+    dropped: "DroppedLog | None" = None
     frontier: int | None = None
     pending: list[tuple[int, dict[str, int], pa.Table]] = field(default_factory=list)
+
+
+@dataclass
+class DroppedLog:
+    """What accepting damage in the log gave up: the damage (``damage``, naming the file
+    and byte offset), the last epoch kept, the acknowledged epochs dropped that the log
+    still shows (``epochs``: those of the records readable beyond the damage and that of
+    the damaged record, when a later record names it), the last epoch dropped
+    (``last_epoch``; from the clean close marker when the log was cut short; None if
+    unknown), how many records of other kinds (attributes, rules, durable query
+    definitions, event-time buffers) went with them, and all of it in words."""
+
+    damage: str
+    kept_epoch: int
+    epochs: list[int]
+    last_epoch: int | None
+    other_records: int
+    description: str
 
 
 @dataclass
@@ -157,10 +179,16 @@ class StateStore:
                 _remove_temporary(os.path.join(self.wal.directory, name))
 
     # ------------------------------------------------------------ recovery
-    def recover(self) -> Recovered:
+    def recover(self, accept_data_loss: bool = False) -> Recovered:
         """Read the state back: the newest checkpoint that passes its checksums (older ones
         when it does not, each refusal logged and listed) and the log after it, whose torn
-        tail is cut off; then open the log for appending."""
+        tail is cut off; then open the log for appending.
+
+        Damage in the log (acknowledged records that cannot be read, see
+        :mod:`factflow.storage.wal`) raises :class:`CorruptStateError` naming the file, the
+        byte offset and the acknowledged epochs beyond it, and changes nothing; with
+        ``accept_data_loss`` the log is cut there instead and ``Recovered.dropped`` says
+        what was given up."""
         out = Recovered()
         first_segment = 1
         for epoch in sorted(self._checkpoint_epochs(), reverse=True):
@@ -187,8 +215,7 @@ class StateStore:
             self.good = [(out.epoch, first_segment)]
             break
         try:
-            for segment, record in self.wal.scan(first_segment):
-                self._replay(record, out, self.wal.path(segment))
+            self._replay_log(first_segment, out, accept_data_loss)
         except CorruptStateError as exc:
             if out.refused:
                 raise CorruptStateError(f"{exc}; and no checkpoint to fall back to: {'; '.join(out.refused)}") from None
@@ -197,6 +224,28 @@ class StateStore:
         out.torn = list(self.wal.torn)
         self._remove_bulk(lambda epoch: epoch > out.epoch)  # written for epochs never logged
         return out
+
+    def _replay_log(self, first_segment: int, out: Recovered, accept_data_loss: bool) -> None:
+        """Replay the log from ``first_segment`` into ``out``; damage is refused, or with
+        ``accept_data_loss`` cut off and described in ``out.dropped``."""
+        try:
+            for segment, offset, record in self.wal.scan(first_segment, skip_damaged_marker=accept_data_loss):
+                path = self.wal.path(segment)
+                try:
+                    self._replay(record, out, path)
+                except CorruptStateError as exc:  # a record that reads but cannot be applied
+                    raise LogDamage(path, segment, offset, f"a record that cannot be replayed ({exc})",
+                                    self.wal.records_after(segment, offset)) from None
+        except LogDamage as damage:
+            dropped = _dropped(damage, out)
+            if not accept_data_loss:
+                raise CorruptStateError(
+                    f"{damage}: {dropped.description}. Nothing was changed. To open the directory anyway, "
+                    f"giving that up, open it with Engine(state_dir=..., accept_data_loss=True) or run "
+                    f"'factflow repair {self.directory}'") from None
+            self.wal.truncate(damage.segment, damage.offset)
+            log.error("write-ahead log cut at damage, as accept_data_loss asked: %s: %s", damage, dropped.description)
+            out.dropped = dropped
 
     def _read_manifest(self, path: str) -> dict:
         manifest_path = os.path.join(path, "manifest.json")
@@ -373,10 +422,43 @@ class StateStore:
         """Bytes on disk: ``log`` (segments and bulk files), ``checkpoints``."""
         return {"log": bytes_under(self.wal.directory), "checkpoints": bytes_under(self.checkpoints_dir)}
 
-    def close(self) -> None:
-        """Close the log and give up the lock."""
-        self.wal.close()
-        self._lock.release()
+    def close(self, epoch: int | None = None) -> None:
+        """Close the log (recording, for a clean close, that it ends with ``epoch``) and give up the lock."""
+        try:
+            self.wal.close(None if epoch is None else {"epoch": epoch})
+        finally:
+            self._lock.release()
+
+
+def _dropped(damage: LogDamage, out: Recovered) -> DroppedLog:
+    """What giving up the log from ``damage`` on loses, given the state ``out`` replayed before it."""
+    epochs, other, previous = [], 0, None
+    for meta in damage.beyond:
+        if meta.get("type") == "epoch":
+            epochs.append(meta["epoch"])
+            if previous is None:
+                previous = meta.get("after", meta["epoch"] - 1)
+        else:
+            other += 1
+    if previous is not None and previous > out.epoch:
+        epochs.insert(0, previous)  # the epoch the damaged record held
+    closed = (damage.closed or {}).get("epoch")
+    last = epochs[-1] if epochs else None
+    if isinstance(closed, int) and closed > out.epoch and not epochs:  # a log cut short after a clean close
+        last = closed
+        description = (f"the engine that closed the log had logged up to epoch {closed}; the state before the cut "
+                       f"ends at epoch {out.epoch}, so the acknowledged epochs after it up to {closed} are missing")
+    elif epochs:
+        span = f"epoch {epochs[0]}" if len(epochs) == 1 else f"epochs {epochs[0]} to {epochs[-1]}"
+        if len(epochs) > 1 and epochs[-1] - epochs[0] + 1 != len(epochs):
+            span += f" ({', '.join(map(str, epochs))})"
+        description = f"acknowledged {span} lie beyond it; the state before it ends at epoch {out.epoch}"
+    else:
+        description = (f"no readable record lies beyond it; the state before it ends at epoch {out.epoch}, and the "
+                       "damaged record itself was acknowledged")
+    if other:
+        description += f" ({plural(other, 'other record')} too: attributes, rules, queries or buffered transactions)"
+    return DroppedLog(str(damage), out.epoch, epochs, last, other, description)
 
 
 def _check_version(path: str, body: dict) -> None:

@@ -5,20 +5,42 @@ gaps). A segment starts with a 20-byte header: the magic ``FFWAL\\0``, the forma
 (u16), the segment number (u64) and the CRC32 of those 16 bytes. Records follow, each
 framed as::
 
-    u32 length of the payload | u32 CRC32 of the payload | payload
+    u32 length of the payload | u32 CRC32 of the payload | u32 CRC32 of those 8 bytes | payload
 
-(little-endian). A payload is a JSON object (``meta``, its length first as a u32) followed
-by the binary blobs its ``"blobs"`` entry gives the sizes of (Arrow IPC streams, see
-:mod:`factflow.storage.records`).
+(little-endian; segments of format version 1 have no third field). A payload is a JSON
+object (``meta``, its length first as a u32) followed by the binary blobs its
+``"blobs"`` entry gives the sizes of (Arrow IPC streams).
 
 :meth:`WriteAheadLog.append` writes one record with one ``write`` and makes it durable
-with ``fdatasync`` before returning; a new segment is fsync'd with its directory. After a
-crash the last segment may end in a *torn* record (a length, checksum or payload cut
-short, or bytes never written): :meth:`WriteAheadLog.scan` stops at the first record
-that is incomplete or fails its checksum in the last segment, and
-:meth:`WriteAheadLog.open_for_append` truncates the segment there. The same damage in
-an earlier segment (which was complete when the next one was started) is corruption and
-is refused with an error naming the file and offset.
+with ``fdatasync`` before returning; a new segment is fsync'd with its directory.
+
+**Torn writes and damage.** A crash may leave the last record of the last segment
+incomplete: that record was never acknowledged, and :meth:`WriteAheadLog.open_for_append`
+cuts it off (listed in :attr:`WriteAheadLog.torn`). Only the end of the last write can be
+torn, so a record is taken as torn only when all of these hold:
+
+* it is in the last segment and nothing that passes its checksums follows it;
+* the file ends inside it (its header or its payload cut short), or everything from its
+  start to the end of the file is zeros (space the file system allocated but the write
+  never reached).
+
+A whole record that fails its checksum is never taken as torn, even at the very end: a
+write that ``fdatasync`` completed cannot be partial, so it is a flipped bit of an
+acknowledged record (payloads hold Arrow buffers with long runs of zeros, so "a zeroed
+sector" is no sign of a torn write here). Anything else that fails a check (a frame header failing its own checksum, a whole
+record failing its checksum, a record that does not decode, damage in a segment that is
+not the last, a missing segment) is *damage*: the log holds acknowledged records that
+cannot be read. Reading raises :class:`LogDamage` naming the file, the byte offset, and
+the records still readable beyond it (so the caller can say which acknowledged epochs
+would be lost). Nothing is truncated unless the caller asks, with
+:meth:`WriteAheadLog.truncate` (an engine's ``accept_data_loss=True``, ``factflow
+repair``).
+
+**A cleanly closed log.** :meth:`WriteAheadLog.close` writes ``wal/closed.json`` (sealed
+JSON: the last segment, its size, and what the caller says it ends with, such as the last
+epoch), and the next :meth:`open_for_append` removes it before appending. While it is
+there, a log that ends before the size it names was cut after it was closed (a
+truncation cannot be told from a torn write otherwise): that too is :class:`LogDamage`.
 """
 
 from __future__ import annotations
@@ -33,19 +55,21 @@ from dataclasses import dataclass, field
 from typing import Iterator
 
 from factflow.errors import CorruptStateError, StateVersionError, StorageError
-from factflow.storage.files import fsync_dir
+from factflow.storage.files import fsync_dir, open_sealed_json, sealed_json, write_atomic
 
-__all__ = ["LogRecord", "WriteAheadLog", "FORMAT_VERSION"]
+__all__ = ["LogRecord", "LogDamage", "WriteAheadLog", "FORMAT_VERSION"]
 
 log = logging.getLogger("factflow.storage")
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 _MAGIC = b"FFWAL\x00"
 _HEADER = struct.Struct("<6sHQ")
 _HEADER_SIZE = _HEADER.size + 4
-_FRAME = struct.Struct("<II")
+_CRC = struct.Struct("<I")
+_FRAME = {1: struct.Struct("<II"), 2: struct.Struct("<III")}  # per segment format version
 _META = struct.Struct("<I")
 _NAME = re.compile(r"^(\d{12})\.log$")
+_CLOSED = "closed.json"
 _MAX_RECORD = (1 << 32) - 1
 
 
@@ -57,19 +81,22 @@ class LogRecord:
     blobs: list[bytes] = field(default_factory=list)
 
     def encode(self) -> bytes:
-        """The framed record (length, checksum, payload)."""
+        """The framed record (length and checksum, their checksum, payload)."""
         meta = dict(self.meta, blobs=[len(b) for b in self.blobs])
         text = json.dumps(meta, sort_keys=True, separators=(",", ":")).encode()
         payload = b"".join([_META.pack(len(text)), text, *self.blobs])
         if len(payload) > _MAX_RECORD:
             raise StorageError(f"a log record of {len(payload)} bytes is larger than the log's 4 GiB limit")
-        return _FRAME.pack(len(payload), zlib.crc32(payload)) + payload
+        head = _FRAME[1].pack(len(payload), zlib.crc32(payload))
+        return head + _CRC.pack(zlib.crc32(head)) + payload
 
     @classmethod
     def decode(cls, payload: bytes) -> "LogRecord":
         """A record from its checksummed payload (ValueError if malformed)."""
         (size,) = _META.unpack_from(payload, 0)
         meta = json.loads(payload[_META.size:_META.size + size])
+        if not isinstance(meta, dict):
+            raise ValueError("the record's meta is not a JSON object")
         blobs, position = [], _META.size + size
         for length in meta.pop("blobs", []):
             blobs.append(payload[position:position + length])
@@ -79,9 +106,27 @@ class LogRecord:
         return cls(meta, blobs)
 
 
-def _header(number: int) -> bytes:
-    head = _HEADER.pack(_MAGIC, FORMAT_VERSION, number)
-    return head + struct.pack("<I", zlib.crc32(head))
+class LogDamage(CorruptStateError):
+    """Acknowledged records of the log cannot be read: ``path`` (segment ``segment``) is
+    damaged at byte ``offset`` for ``reason``. ``beyond``: the metas of the records still
+    readable after the damage (in that segment and later ones); ``closed``: what the
+    clean close marker said the log ended with, when the damage is a log cut short."""
+
+    def __init__(self, path: str, segment: int, offset: int, reason: str, beyond: list[dict],
+                 closed: dict | None = None):
+        self.path, self.segment, self.offset, self.reason = path, segment, offset, reason
+        self.beyond, self.closed = beyond, closed
+        super().__init__(f"{path} {reason}" if reason.startswith("is missing") else f"{path}: {reason} at byte {offset}")
+
+
+@dataclass
+class _Damage:
+    """What reading one segment stopped at: the offset, why, and whether it is a torn write."""
+
+    offset: int
+    reason: str
+    torn: bool
+    resume: int | None = None  # where a readable record starts again after it (damage only)
 
 
 class WriteAheadLog:
@@ -96,7 +141,7 @@ class WriteAheadLog:
         self.bytes_since_rotation = 0
         self.failed: BaseException | None = None
         self.torn: list[str] = []  # what scanning found torn and truncation removed
-        self._valid: tuple[int, int, str | None] | None = None  # last segment scanned: valid bytes, damage
+        self._valid: tuple[int, int, str | None] | None = None  # last segment scanned: valid bytes, torn tail
 
     # ------------------------------------------------------------ reading
     def segments(self) -> list[int]:
@@ -112,81 +157,122 @@ class WriteAheadLog:
         """The file of segment ``number``."""
         return os.path.join(self.directory, f"{number:012d}.log")
 
-    def scan(self, first: int) -> Iterator[tuple[int, LogRecord]]:
-        """Every record of segments ``first`` onwards, in order, with its segment number.
+    @property
+    def closed_marker(self) -> str:
+        """The file a clean close writes (see the module docstring)."""
+        return os.path.join(self.directory, _CLOSED)
 
-        Segments must be numbered without gaps from ``first``. Stops at a torn tail of the
-        last segment (remembered for :meth:`open_for_append`); damage anywhere else raises
-        :class:`CorruptStateError`."""
+    def scan(self, first: int, skip_damaged_marker: bool = False) -> Iterator[tuple[int, int, LogRecord]]:
+        """Every record of segments ``first`` onwards, in order, with its segment number and
+        byte offset. Segments must be numbered without gaps from ``first``. Stops at a torn
+        tail of the last segment (remembered for :meth:`open_for_append`); damage raises
+        :class:`LogDamage`, and so does a log that ends before a clean close said it did. A
+        damaged close marker is refused too (:class:`CorruptStateError`), or passed over
+        with ``skip_damaged_marker``."""
+        try:
+            closed = self._closed()
+        except CorruptStateError:
+            if not skip_damaged_marker:
+                raise
+            log.error("write-ahead log: the clean close marker %s is damaged; passed over", self.closed_marker)
+            closed = None
         numbers = [n for n in self.segments() if n >= first]
         if numbers and numbers[0] != first:
-            raise CorruptStateError(f"{self.path(first)} is missing (the log continues with {self.path(numbers[0])})")
+            raise LogDamage(self.path(first), first, 0, f"is missing (the log continues with {self.path(numbers[0])})",
+                            self.records_after(numbers[0] - 1, 0))
         for i, number in enumerate(numbers):
             if i and number != numbers[i - 1] + 1:
-                raise CorruptStateError(f"{self.path(numbers[i - 1] + 1)} is missing: the log has a gap")
-            last = i == len(numbers) - 1
-            yield from ((number, r) for r in self._read(number, last))
+                missing = numbers[i - 1] + 1
+                raise LogDamage(self.path(missing), missing, 0, "is missing: the log has a gap",
+                                self.records_after(missing, 0))
+            yield from ((number, offset, r) for offset, r in self._read(number, i == len(numbers) - 1))
+        if closed is not None:
+            self._check_closed(closed, numbers)
 
-    def _read(self, number: int, last: bool) -> Iterator[LogRecord]:
+    def _closed(self) -> dict | None:
+        if not os.path.exists(self.closed_marker):
+            return None
+        return open_sealed_json(self.closed_marker)
+
+    def _check_closed(self, closed: dict, numbers: list[int]) -> None:
+        """Damage unless the log reaches at least where its clean close said it ended."""
+        segment, size = closed.get("segment"), closed.get("size")
+        if not isinstance(segment, int) or not isinstance(size, int):
+            raise CorruptStateError(f"{self.closed_marker} does not say where the log ended")
+        last = numbers[-1] if numbers else None
+        end = self._valid[1] if self._valid and self._valid[0] == last else None
+        if last is not None and (last, end) >= (segment, size):
+            return
+        where = self.path(last) if last is not None else self.path(segment)
+        at = end if end is not None else 0
+        self._valid = None
+        raise LogDamage(where, last or segment, at,
+                        f"the log ends here, but the engine that closed it had written {size} bytes of "
+                        f"{self.path(segment)} (the log was cut after it was closed)", [], closed)
+
+    def _read(self, number: int, last: bool) -> Iterator[tuple[int, LogRecord]]:
         path = self.path(number)
         with open(path, "rb") as handle:
-            data_size = os.fstat(handle.fileno()).st_size
-            head = handle.read(_HEADER_SIZE)
-            problem = self._header_problem(head, number)
-            if problem is not None:
-                if last and data_size <= _HEADER_SIZE:
-                    self._valid = (number, 0, f"{path}: torn segment header ({data_size} bytes) rewritten")
-                    return
-                if problem.startswith("version"):
-                    raise StateVersionError(f"{path}: {problem}")
-                raise CorruptStateError(f"{path}: {problem}")
-            position = _HEADER_SIZE
-            while position < data_size:
-                frame = handle.read(_FRAME.size)
-                reason = None
-                if len(frame) < _FRAME.size:
-                    reason = "a record header cut short"
-                else:
-                    length, crc = _FRAME.unpack(frame)
-                    payload = handle.read(length)
-                    if len(payload) < length:
-                        reason = f"a record of {length} bytes cut short at {len(payload)}"
-                    elif zlib.crc32(payload) != crc:
-                        reason = "a record failing its checksum"
-                    else:
-                        try:
-                            record = LogRecord.decode(payload)
-                        except (ValueError, struct.error) as exc:
-                            reason = f"a malformed record ({exc})"
-                if reason is not None:
-                    if not last:
-                        raise CorruptStateError(f"{path}: {reason} at byte {position} (not the end of the log)")
-                    self._valid = (number, position,
-                                   f"{path}: torn tail ({reason} at byte {position}, {data_size - position} bytes "
-                                   f"dropped)")
-                    return
-                position += _FRAME.size + length
-                yield record
-            if last:
-                self._valid = (number, position, None)
+            data = handle.read()
+        problem = _header_problem(data[:_HEADER_SIZE], number)
+        if problem is not None:
+            if last and (len(data) <= _HEADER_SIZE or not any(data)):
+                self._valid = (number, 0, f"{path}: torn segment header ({len(data)} bytes) rewritten")
+                return
+            if problem.startswith("version"):
+                raise StateVersionError(f"{path}: {problem}")
+            raise LogDamage(path, number, 0, problem, [])
+        version = _HEADER.unpack_from(data)[1]
+        position = _HEADER_SIZE
+        while position < len(data):
+            record, end, damage = _next_record(data, position, version)
+            if damage is None:
+                yield position, record
+                position = end
+                continue
+            if damage.torn and last:
+                self._valid = (number, position, f"{path}: torn tail ({damage.reason} at byte {position}, "
+                                                 f"{len(data) - position} bytes dropped)")
+                return
+            raise LogDamage(path, number, position, damage.reason + (" (not the end of the log)" if not last else ""),
+                            self.records_after(number, position))
+        if last:
+            self._valid = (number, position, None)
 
-    @staticmethod
-    def _header_problem(head: bytes, number: int) -> str | None:
-        if len(head) < _HEADER_SIZE:
-            return f"segment header cut short ({len(head)} bytes)"
-        magic, version, found = _HEADER.unpack_from(head)
-        if magic != _MAGIC or zlib.crc32(head[:_HEADER.size]) != struct.unpack_from("<I", head, _HEADER.size)[0]:
-            return "not a factflow log segment (bad magic or header checksum)"
-        if version > FORMAT_VERSION:
-            return f"version {version} is newer than this factflow reads ({FORMAT_VERSION})"
-        if found != number:
-            return f"header says segment {found}"
-        return None
+    def records_after(self, segment: int, offset: int) -> list[dict]:
+        """The metas of the records readable in ``segment`` after byte ``offset`` (damage
+        skipped) and in every later segment: what lies beyond damage at ``offset``."""
+        metas = self._readable(segment, offset + 1) if os.path.exists(self.path(segment)) else []
+        return metas + [m for n in self.segments() if n > segment for m in self._readable(n, _HEADER_SIZE)]
+
+    def _readable(self, number: int, start: int) -> list[dict]:
+        """The metas of the records of segment ``number`` readable from ``start`` on, skipping damage."""
+        try:
+            with open(self.path(number), "rb") as handle:
+                data = handle.read()
+        except OSError:
+            return []
+        if _header_problem(data[:_HEADER_SIZE], number) is not None:
+            return []
+        version = _HEADER.unpack_from(data)[1]
+        metas, position = [], max(start, _HEADER_SIZE)
+        while position is not None and position < len(data):
+            record, end, damage = _next_record(data, position, version)
+            if damage is None:
+                metas.append(record.meta)
+                position = end
+            else:
+                position = damage.resume
+        return metas
 
     # ------------------------------------------------------------ writing
     def open_for_append(self, first: int) -> None:
         """Continue the last segment (its torn tail, found by :meth:`scan`, cut off) or, when
-        there is none, start segment ``first``. Call after scanning."""
+        there is none, start segment ``first``. Call after scanning. Removes the clean
+        close marker first: from now on the log may grow past it."""
+        if os.path.exists(self.closed_marker):
+            os.remove(self.closed_marker)
+            fsync_dir(self.directory)
         numbers = [n for n in self.segments() if n >= first]
         if not numbers:
             self._create(first)
@@ -212,6 +298,26 @@ class WriteAheadLog:
             self.torn.append(torn)
         os.lseek(fd, valid, os.SEEK_SET)
         self._fd, self.segment, self._size = fd, number, valid
+
+    def truncate(self, segment: int, offset: int) -> list[int]:
+        """Give up everything from byte ``offset`` of ``segment`` on: that segment is cut
+        there (removed if nothing of it remains) and every later segment removed; returns
+        the segments removed. Only for accepting damage the caller has reported."""
+        removed = [n for n in self.segments() if n > segment or (n == segment and offset <= _HEADER_SIZE)]
+        for n in removed:
+            os.remove(self.path(n))
+        if segment not in removed and os.path.exists(self.path(segment)):
+            fd = os.open(self.path(segment), os.O_RDWR)
+            try:
+                os.ftruncate(fd, offset)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        if os.path.exists(self.closed_marker):
+            os.remove(self.closed_marker)
+        fsync_dir(self.directory)
+        self._valid = None
+        return removed
 
     def _create(self, number: int) -> None:
         path = self.path(number)
@@ -266,11 +372,85 @@ class WriteAheadLog:
             fsync_dir(self.directory)
         return removed
 
-    def close(self) -> None:
-        """Close the segment appended to."""
-        if self._fd is not None:
+    def close(self, ends_with: dict | None = None) -> None:
+        """Close the segment appended to. A log that was appended to and never failed
+        writes the clean close marker, saying where it ends and ``ends_with`` (what the
+        caller wants a later reader to know was in it, such as the last epoch)."""
+        if self._fd is None:
+            return
+        try:
+            if self.failed is None:
+                write_atomic(self.closed_marker,
+                             sealed_json({"segment": self.segment, "size": self._size, **(ends_with or {})}))
+        finally:
             os.close(self._fd)
             self._fd = None
+
+
+def _header(number: int) -> bytes:
+    head = _HEADER.pack(_MAGIC, FORMAT_VERSION, number)
+    return head + _CRC.pack(zlib.crc32(head))
+
+
+def _header_problem(head: bytes, number: int) -> str | None:
+    if len(head) < _HEADER_SIZE:
+        return f"segment header cut short ({len(head)} bytes)"
+    magic, version, found = _HEADER.unpack_from(head)
+    if magic != _MAGIC or zlib.crc32(head[:_HEADER.size]) != _CRC.unpack_from(head, _HEADER.size)[0]:
+        return "not a factflow log segment (bad magic or header checksum)"
+    if version > FORMAT_VERSION:
+        return f"version {version} is newer than this factflow reads ({FORMAT_VERSION})"
+    if found != number:
+        return f"header says segment {found}"
+    return None
+
+
+def _frame_at(data: bytes, position: int, version: int) -> tuple[LogRecord | None, int, str | None, bool]:
+    """Parse the record framed at ``position`` of a segment's ``data``: the record and where
+    the next one starts, or what is wrong and whether the file simply ends inside it."""
+    frame = _FRAME[min(version, 2)]
+    if len(data) - position < frame.size:
+        return None, 0, "a record header cut short", True
+    fields = frame.unpack_from(data, position)
+    if version >= 2 and zlib.crc32(data[position:position + 8]) != fields[2]:
+        return None, 0, "a record header failing its checksum", False
+    start = position + frame.size
+    end = start + fields[0]
+    if end > len(data):
+        return None, 0, f"a record of {fields[0]} bytes cut short at {len(data) - start}", True
+    payload = data[start:end]
+    if zlib.crc32(payload) != fields[1]:
+        return None, 0, "a record failing its checksum", False
+    try:
+        return LogRecord.decode(payload), end, None, False
+    except (ValueError, struct.error) as exc:
+        return None, 0, f"a malformed record ({exc})", False
+
+
+def _next_record(data: bytes, position: int, version: int) -> tuple[LogRecord | None, int, _Damage | None]:
+    """The record at ``position`` and where the next starts, or the damage there: torn
+    only where the file ends inside the record, or is zeros from its start to the end, and
+    no readable record follows (see the module docstring)."""
+    record, end, reason, cut_short = _frame_at(data, position, version)
+    if reason is None:
+        return record, end, None
+    following = _next_readable(data, position + 1, version)
+    torn = following is None and (cut_short or not any(memoryview(data)[position:]))
+    return None, 0, _Damage(position, reason, torn, following)
+
+
+def _next_readable(data: bytes, start: int, version: int) -> int | None:
+    """The offset of the first whole record at or after ``start`` that passes its checksums.
+
+    Every payload begins with the u32 size of its JSON meta and then ``{"``, so only the
+    offsets a frame and a u32 before such a pair need checking."""
+    before = _FRAME[min(version, 2)].size + _META.size
+    at = data.find(b'{"', start + before)
+    while at != -1:
+        if _frame_at(data, at - before, version)[0] is not None:
+            return at - before
+        at = data.find(b'{"', at + 1)
+    return None
 
 
 def _datasync(fd: int) -> None:

@@ -1,8 +1,10 @@
 """The write-ahead log, the sealed files and the offsets, without Spark.
 
-A log cut at any byte keeps exactly the records written whole before the cut; damage in
-a segment that is not the last is refused with its file named; a failed append leaves
-nothing of itself behind.
+After a crash, a log cut at any byte keeps exactly the records written whole before the
+cut; after a clean close, a cut is refused. A flipped byte anywhere is refused with the
+file, the offset and the records beyond named, unless what it hits is a torn final
+write; damage in a segment that is not the last is refused with its file named; a failed
+append leaves nothing of itself behind.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from factflow.engine.offsets import SourceOffsets, check_offset
 from factflow.errors import CorruptStateError, StateLockedError, StateVersionError, StorageError, TransactionError
 from factflow.storage import wal as wal_module
 from factflow.storage.files import DirectoryLock, open_sealed_json, sealed_json, write_atomic
-from factflow.storage.wal import LogRecord, WriteAheadLog
+from factflow.storage.wal import LogDamage, LogRecord, WriteAheadLog
 
 
 def records(n: int) -> list[LogRecord]:
@@ -40,9 +42,23 @@ def write_log(directory, items: list[LogRecord], rotate_after: int | None = None
 
 def read_back(directory) -> tuple[list[LogRecord], WriteAheadLog]:
     log = WriteAheadLog(str(directory))
-    found = [r for _, r in log.scan(1)]
+    found = [r for _, _, r in log.scan(1)]
     log.open_for_append(1)
     return found, log
+
+
+def crash(directory) -> None:
+    """What a killed engine leaves: no clean close marker."""
+    os.remove(os.path.join(directory, "closed.json"))
+
+
+def ends(items: list[LogRecord]) -> list[int]:
+    """The byte offset at which each record of a one-segment log ends."""
+    out, position = [], 20
+    for record in items:
+        position += len(record.encode())
+        out.append(position)
+    return out
 
 
 def test_records_round_trip(tmp_path):
@@ -55,42 +71,94 @@ def test_records_round_trip(tmp_path):
 
 @settings(max_examples=60, deadline=None)
 @given(st.data())
-def test_a_log_cut_anywhere_keeps_the_whole_records_before_the_cut(tmp_path_factory, data):
+def test_after_a_crash_a_log_cut_anywhere_keeps_the_whole_records_before_the_cut(tmp_path_factory, data):
     directory = tmp_path_factory.mktemp("wal")
     written = records(4)
     write_log(directory, written)
+    crash(directory)
     path = os.path.join(directory, "000000000001.log")
     size = os.path.getsize(path)
     cut = data.draw(st.integers(0, size - 1), label="cut")
     with open(path, "r+b") as handle:
         handle.truncate(cut)
     found, log = read_back(directory)
-    ends = []
-    position = 20
-    for record in written:
-        position += len(record.encode())
-        ends.append(position)
-    assert found == [r for r, end in zip(written, ends) if end <= cut]
+    assert found == [r for r, end in zip(written, ends(written)) if end <= cut]
     log.append(LogRecord({"type": "epoch", "epoch": 99}))  # appending continues after what was kept
     log.close()
     again, _ = read_back(directory)
     assert again == found + [LogRecord({"type": "epoch", "epoch": 99})]
 
 
-def test_a_flipped_byte_in_the_last_segment_ends_the_log_there(tmp_path):
-    written = records(4)
-    write_log(tmp_path, written)
-    path = os.path.join(tmp_path, "000000000001.log")
-    third = 20 + sum(len(r.encode()) for r in written[:2])
+@settings(max_examples=40, deadline=None)
+@given(st.data())
+def test_after_a_clean_close_a_cut_log_is_refused(tmp_path_factory, data):
+    directory = tmp_path_factory.mktemp("wal")
+    write_log(directory, records(4))
+    path = os.path.join(directory, "000000000001.log")
+    cut = data.draw(st.integers(0, os.path.getsize(path) - 1), label="cut")
     with open(path, "r+b") as handle:
-        handle.seek(third + 12)
-        byte = handle.read(1)
-        handle.seek(third + 12)
-        handle.write(bytes([byte[0] ^ 0x40]))
-    found, log = read_back(tmp_path)
-    assert found == written[:2]
-    assert "failing its checksum" in log.torn[0] and path in log.torn[0]
-    assert os.path.getsize(path) == third
+        handle.truncate(cut)
+    with pytest.raises(LogDamage, match="cut after it was closed") as refused:
+        read_back(directory)
+    assert refused.value.path == path
+    assert os.path.getsize(path) == cut  # nothing was changed
+    assert os.path.exists(os.path.join(directory, "closed.json"))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_a_flipped_byte_is_refused_unless_it_is_in_a_torn_final_write(tmp_path_factory, data):
+    """A crash left half a record at the end (never acknowledged); then one byte anywhere
+    is flipped. Reading gives every acknowledged record (the torn one dropped), or refuses
+    naming the segment, the offset of the damaged record and the records beyond it (a
+    flip in the torn record's header is refused too: a header failing its checksum is
+    never taken for a torn write)."""
+    directory = tmp_path_factory.mktemp("wal")
+    written = records(4)
+    write_log(directory, written)
+    crash(directory)
+    path = os.path.join(directory, "000000000001.log")
+    unacknowledged = LogRecord({"type": "epoch", "epoch": 5}, [b"z" * 40]).encode()
+    with open(path, "ab") as handle:
+        handle.write(unacknowledged[:len(unacknowledged) // 2])
+    size = os.path.getsize(path)
+    at = data.draw(st.integers(20, size - 1), label="offset")
+    with open(path, "r+b") as handle:
+        handle.seek(at)
+        byte = handle.read(1)[0]
+        handle.seek(at)
+        handle.write(bytes([byte ^ (1 << data.draw(st.integers(0, 7), label="bit"))]))
+    bounds = [20] + ends(written)
+    try:
+        found, log = read_back(directory)
+    except LogDamage as damage:
+        hit = max(i for i, start in enumerate(bounds) if start <= at)  # the record the flip is in (or the torn one)
+        assert (damage.path, damage.offset) == (path, bounds[hit])
+        assert [m["epoch"] for m in damage.beyond] == [r.meta["epoch"] for r in written[hit + 1:]]
+        return
+    assert found == written and at >= bounds[-1], f"flip at {at} was not detected"
+    assert log.torn and "torn tail" in log.torn[0]
+
+
+def test_a_flipped_byte_in_the_newest_segment_is_refused_with_the_records_beyond(tmp_path):
+    """The case fault injection found: a flip in the middle of the newest segment was taken
+    for a torn tail, and every acknowledged record after it silently dropped."""
+    written = records(17)
+    write_log(tmp_path, written, rotate_after=5)
+    path = os.path.join(tmp_path, "000000000002.log")
+    with open(path, "r+b") as handle:
+        handle.seek(os.path.getsize(path) // 2)
+        byte = handle.read(1)[0]
+        handle.seek(os.path.getsize(path) // 2)
+        handle.write(bytes([byte ^ 1]))
+    with pytest.raises(LogDamage, match="000000000002.log: a record failing its checksum at byte") as refused:
+        read_back(tmp_path)
+    beyond = [m["epoch"] for m in refused.value.beyond]
+    assert beyond and beyond == list(range(beyond[0], 18))
+    log = WriteAheadLog(str(tmp_path))
+    assert log.truncate(2, refused.value.offset) == []  # accepting the loss: cut there
+    found, _ = read_back(tmp_path)
+    assert found == written[:beyond[0] - 2]
 
 
 def test_damage_before_the_last_segment_is_refused_naming_the_file(tmp_path):
@@ -114,9 +182,9 @@ def test_a_newer_segment_version_is_refused(tmp_path):
     write_log(tmp_path, records(1))
     path = os.path.join(tmp_path, "000000000001.log")
     with open(path, "r+b") as handle:
-        head = struct.pack("<6sHQ", b"FFWAL\x00", 2, 1)
+        head = struct.pack("<6sHQ", b"FFWAL\x00", 3, 1)
         handle.write(head + struct.pack("<I", __import__("zlib").crc32(head)))
-    with pytest.raises(StateVersionError, match="version 2"):
+    with pytest.raises(StateVersionError, match="version 3"):
         list(WriteAheadLog(str(tmp_path)).scan(1))
 
 

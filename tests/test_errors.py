@@ -69,3 +69,15 @@ def test_a_real_message_counts_in_the_singular():
     with pytest.raises(QueryError) as info:
         plan_query("[:find ?p :in $ ?n :where [?p :person/age ?n]]", _schema(), RuleStore(), inputs=())
     assert "expects 1 input after $, but got 0" in str(info.value), str(info.value)
+
+
+@pytest.mark.parametrize("handle", ["RemoteQuery", "AsyncRemoteQuery"])
+def test_a_closed_remote_query_refuses_every_public_method_and_property(handle):
+    import factflow.client as client
+    from factflow.client.messages import QueryState
+    from public_members import not_refused
+
+    state = QueryState("friends")
+    state.finish(None)  # closed by its client (no connection needed to tell)
+    query = getattr(client, handle)(None, state)
+    assert not_refused(query, "query friends is closed", exempt=("close", "closed", "name")) == {}

@@ -276,6 +276,7 @@ class AsyncRemoteQuery(QueryHandle):
 
     async def explain(self) -> str:
         """The plan of the query on the server."""
+        self._state.check()
         return await self._client.explain(self.name)
 
     async def close(self) -> None:

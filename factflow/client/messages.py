@@ -249,7 +249,11 @@ class QueryState(Subscribers):
 
 
 class QueryHandle:
-    """What both clients' query handles share: the result and subscriptions of a :class:`QueryState`."""
+    """What both clients' query handles share: the result and subscriptions of a :class:`QueryState`.
+
+    Once the interest ended, every public method and property but ``name``, ``closed`` and
+    ``close`` raises: :class:`~factflow.errors.EngineClosedError` after a close,
+    :class:`~factflow.errors.ConnectionClosedError` (saying why) when the connection was lost."""
 
     def __init__(self, state: QueryState):
         self._state = state
@@ -262,11 +266,13 @@ class QueryHandle:
     @property
     def columns(self) -> list[str]:
         """The ``:find`` elements, in order."""
+        self._state.check()
         return self._state.columns
 
     @property
     def epoch(self) -> int:
         """The epoch of the latest diff received (at first, the install epoch)."""
+        self._state.check()
         return self._state.epoch
 
     @property
@@ -277,6 +283,7 @@ class QueryHandle:
     def results(self) -> dict[tuple, int]:
         """The result as of :attr:`epoch`: ``{row_tuple: multiplicity}``, rows in ``:find``
         order (values as JSON gives them, see :mod:`factflow.client`)."""
+        self._state.check()
         return self._state.results()
 
     def subscribe(self, fn: Subscriber) -> Callable[[], None]:

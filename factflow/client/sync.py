@@ -324,6 +324,7 @@ class RemoteQuery(QueryHandle):
 
     def explain(self) -> str:
         """The plan of the query on the server."""
+        self._state.check()
         return self._client.explain(self.name)
 
     def close(self) -> None:

@@ -51,7 +51,7 @@ log = logging.getLogger("factflow.engine")
 @dataclass(frozen=True)
 class Notice:
     """The changes of one query (or attribute feed) in one epoch, for the subscribers it had
-    when the epoch committed; for a query also as a frame (:meth:`Query.output`), which its
+    when the epoch committed; for a query also as a frame (:meth:`Query._output`), which its
     window and sinks take (``changes`` is then empty when the query has a window)."""
 
     source: "Query | AttributeFeed"
@@ -111,7 +111,7 @@ def _deliver(epoch: int, notice: Notice) -> None:
     if window is not None and window.offer(epoch, notice.frame, time.monotonic()) is None:
         return
     if window is not None:
-        notice = Notice(notice.source, notice.subscribers, notice.source.changes(notice.frame, DIFF), notice.frame)
+        notice = Notice(notice.source, notice.subscribers, notice.source._changes(notice.frame, DIFF), notice.frame)
     _notify(epoch, notice)
     _write(epoch, notice)
 
@@ -122,16 +122,16 @@ def _release(query: "Query") -> None:
     if held is None or held[1].empty:
         return
     epoch, frame = held
-    notice = Notice(query, query.subscribers, query.changes(frame, DIFF), frame)
+    notice = Notice(query, tuple(query._subscribers), query._changes(frame, DIFF), frame)
     _notify(epoch, notice)
     _write(epoch, notice)
 
 
 def _write(epoch: int, notice: Notice) -> None:
     """Queue a query's delivered changes for its sinks."""
-    sinks = getattr(notice.source, "sinks", ())
+    sinks = getattr(notice.source, "_sinks", ())
     if sinks and notice.frame is not None:
-        frame = notice.source.sink_frame(notice.frame)
+        frame = notice.source._sink_frame(notice.frame)
         for sink in sinks:
             sink.offer(epoch, frame)
 
@@ -140,7 +140,7 @@ def _notify(epoch: int, notice: Notice) -> None:
     """Call the notice's subscribers that are still subscribed; a failure is logged, not raised."""
     source = notice.source
     for fn in notice.subscribers:
-        if fn not in source.subscribers:  # unsubscribed since the epoch committed
+        if fn not in source._subscribers:  # unsubscribed since the epoch committed (the query may be closed since)
             continue
         try:
             fn(epoch, notice.changes)

@@ -106,6 +106,10 @@ class Engine:
     ``time="event"`` numbers epochs by the times transactions carry (``transact(tx,
     time=T)``, closed by :meth:`advance_to`; see :mod:`factflow.engine.clock`) instead of
     by arrival (``"transaction"``, the default).
+
+    Once the engine is closed, every public method and property but :meth:`close` raises
+    :class:`factflow.EngineClosedError` (the settings it was made with, such as ``spark``,
+    ``config``, ``state_dir``, ``time`` and ``recovery``, stay readable).
     """
 
     def __init__(self, spark: SparkSession | None = None, master: str | None = None,
@@ -124,7 +128,7 @@ class Engine:
         self.state_dir = state_dir or tempfile.mkdtemp(prefix="factflow-")
         self.policy = MergePolicy(self.config.merge_factor, self.config.local_limit, partitions,
                                   os.path.join(self.state_dir, "indexes"), merge_limit=self.config.merge_limit)
-        self.rules = RuleStore()
+        self._rules = RuleStore()
         self._state = EngineState(self.spark, self.config, self.policy)
         self._state.clock = EventClock() if time == "event" else None
         #: the time domain: "transaction" (epochs by arrival) or "event" (by the times transactions carry)
@@ -134,15 +138,15 @@ class Engine:
         self._closed = False
         self._id = next(_ENGINE_IDS)
         self._group = f"factflow-{self._id}-epoch"
-        self.epoch_log: list[EpochReport] = []
-        self._maintenance = Maintenance(self._state, self._lock, f"factflow-{self._id}-maintenance", self.epoch_log)
+        self._epoch_log: list[EpochReport] = []
+        self._maintenance = Maintenance(self._state, self._lock, f"factflow-{self._id}-maintenance", self._epoch_log)
         warm_up(self.spark, POOL)
         self._durability: Durability | None = None
         #: what opening the state directory recovered (None without ``state_dir``)
         self.recovery: RecoveryReport | None = None
         if state_dir:
             try:
-                self._durability = Durability.open(state_dir, self._state, self.rules, self.config, self._id,
+                self._durability = Durability.open(state_dir, self._state, self._rules, self.config, self._id,
                                                    accept_data_loss)
             except BaseException:
                 self._state.close()
@@ -160,12 +164,20 @@ class Engine:
     @property
     def epoch(self) -> int:
         """The latest closed epoch (0 before any transaction)."""
+        self._check_open()
         return self._state.epoch
 
     @property
     def schema(self) -> Schema:
         """The attributes defined so far."""
+        self._check_open()
         return self._state.schema
+
+    @property
+    def rules(self) -> RuleStore:
+        """The rules registered so far (to read: :meth:`register` adds rules, and logs them)."""
+        self._check_open()
+        return self._rules
 
     def create_attribute(self, name: str, type: str = "string", semantics: str = "set", index: str = "both",
                          support: str = "wco", slack: int = 0) -> Attribute:
@@ -190,7 +202,7 @@ class Engine:
         """Store rules (EDN ``[[(name ?a ...) clause ...] ...]``); nothing is computed yet."""
         with self._lock:
             self._check_open()
-            return self.rules.register(rules, log=self._durability.log_rules if self._durability else None)
+            return self._rules.register(rules, log=self._durability.log_rules if self._durability else None)
 
     def subscribe_attribute(self, name: str, fn: AttributeSubscriber) -> Callable[[], None]:
         """Call ``fn(epoch, [((entity, value), diff), ...])`` after each epoch that changes the
@@ -209,6 +221,7 @@ class Engine:
 
     def arrangement(self, name: str) -> AttributeArrangement:
         """The shared arrangement of an attribute (for inspection)."""
+        self._check_open()
         return self._state.arrangement_of(self._state.schema.get(name))
 
     # ------------------------------------------------------------ transactions
@@ -239,6 +252,7 @@ class Engine:
         engine. Threads may call this concurrently: epochs run one at a time, and
         subscribers receive them in increasing order.
         """
+        self._check_open()
         checked = check_offset(source, offset)
         if time is not None or self._state.clock is not None:
             logged = self._durability.log_pending if self._durability else None
@@ -267,6 +281,7 @@ class Engine:
         same call gets the outcome of the earliest one at or above it. Delivery, durability
         and maintenance are as in :meth:`transact`.
         """
+        self._check_open()
         if self._state.clock is not None:
             raise TransactionError("an event-time engine takes transactions one at a time: transact(tx, time=T)")
         outcomes: list[int | FactflowError | None] = [None] * len(transactions)
@@ -355,8 +370,8 @@ class Engine:
     def _run_epoch(self, tx: Any, offsets: dict[str, int] | None, epoch: int | None = None) -> int:
         """One epoch of ``tx`` (numbered ``epoch`` in event time), carrying the introspection
         facts of the epochs before it."""
-        step = self._introspection.step(self._state, self.epoch_log) if self._introspection else None
-        epoch = run_epoch(self._state, tx, self._group, self.epoch_log, self._deliveries, offsets, self._journal,
+        step = self._introspection.step(self._state, self._epoch_log) if self._introspection else None
+        epoch = run_epoch(self._state, tx, self._group, self._epoch_log, self._deliveries, offsets, self._journal,
                           step.changes if step else None, epoch)
         if step is not None:
             step.commit()
@@ -365,12 +380,14 @@ class Engine:
     @property
     def durable(self) -> bool:
         """Whether the engine keeps its state in a ``state_dir``."""
+        self._check_open()
         return self._durability is not None
 
     def advance_to(self, time: Any) -> list[int]:
         """Event time: close every time before ``time``, applying the transactions buffered for
         each as one epoch numbered by it, in time order; returns those epochs. Delivery,
         durability and maintenance are as in :meth:`transact` (see :mod:`factflow.engine.clock`)."""
+        self._check_open()
         logged = self._durability.log_frontier if self._durability else None
         return self._committing(lambda: advance(self._state, time, lambda t, ops: self._run_epoch(ops, None, t), logged))
 
@@ -378,6 +395,7 @@ class Engine:
     def frontier(self) -> int:
         """The first epoch not closed yet: in event time the frontier (times before it are
         closed), in transaction time the next epoch."""
+        self._check_open()
         clock = self._state.clock
         return clock.frontier if clock is not None else self._state.epoch + 1
 
@@ -388,6 +406,7 @@ class Engine:
     def offsets(self) -> dict[str, int]:
         """The latest offset applied per source: ``{source: offset}`` (see :meth:`transact`)."""
         with self._lock:
+            self._check_open()
             return self._state.offsets.latest()
 
     def checkpoint(self) -> int:
@@ -404,6 +423,7 @@ class Engine:
         epoch, the last checkpoint written (:class:`CheckpointReport`) and the recovery
         (:class:`RecoveryReport`); None without ``state_dir``."""
         with self._lock:
+            self._check_open()
             return self._durability.report() if self._durability else None
 
     def _committing(self, commit):
@@ -436,6 +456,7 @@ class Engine:
         """Wait until the merges and index files of every committed epoch and install are
         done: they run in the background after delivery (see
         :mod:`factflow.engine.maintenance`), at most one round behind."""
+        self._check_open()
         self._maintenance.wait()
 
     # ------------------------------------------------------------ queries
@@ -472,6 +493,7 @@ class Engine:
         ``slack`` closed epochs before the latest stay readable with ``results(as_of=...)``
         (see :mod:`factflow.engine.history`).
         """
+        self._check_open()
         sinks, seconds = sinks_of(sink), window_seconds(granularity)
         check_slack(slack, f"query {name or '(unnamed)'}")
         expected = None
@@ -521,6 +543,7 @@ class Engine:
         when the entity has none of the pattern's attributes. It installs the pull as a query
         and closes it (see :mod:`factflow.engine.pull`); to follow an entity, query the pull."""
         with self._lock:
+            self._check_open()
             query = self.query(pull_query(pattern, entity), name=f"pull of {entity}", inputs=[entity])
             try:
                 return pulled(query.results())
@@ -535,7 +558,7 @@ class Engine:
         A QueryError when the query cannot be planned."""
         with self._lock:
             self._check_open()
-            return plan_query(query, self.schema, self.rules, inputs, join, semantics, self._state.shared)
+            return plan_query(query, self.schema, self._rules, inputs, join, semantics, self._state.shared)
 
     def _planned(self, query: str, inputs: Sequence[Any], join: str, semantics: str, expected: Plan | None,
                  name: str | None) -> Plan:
@@ -606,7 +629,7 @@ class Engine:
     def _release_outputs(self, query: Query) -> None:
         """Deliver ``query``'s held window and stop its sinks (outside the engine lock)."""
         self._deliveries.release(query)
-        for sink in query.sinks:
+        for sink in query._sinks:
             sink.close()
 
     def _uninstall(self, query: Query, drop: bool = False) -> None:
@@ -623,9 +646,16 @@ class Engine:
     @property
     def queries(self) -> dict[str, Query]:
         """Installed queries by name."""
+        self._check_open()
         return dict(self._state.queries)
 
     # ------------------------------------------------------------ introspection
+    @property
+    def epoch_log(self) -> list[EpochReport]:
+        """The report of every epoch so far, oldest first (see :class:`EpochReport`)."""
+        self._check_open()
+        return self._epoch_log
+
     def stats(self) -> dict[str, Any]:
         """Tuples (update rows, counted exactly) held in arrangements.
 
@@ -639,6 +669,7 @@ class Engine:
         as of (taken under the engine lock: a running epoch is waited for, never counted).
         """
         with self._lock:
+            self._check_open()
             return engine_stats(self._state)
 
     # ------------------------------------------------------------ lifecycle
@@ -655,7 +686,7 @@ class Engine:
         a session factflow started). An engine whose Spark driver is gone releases nothing in
         Spark: its state went with the driver."""
         if not self._closed and driver_alive(self.spark):
-            for q in list(self.queries.values()):
+            for q in list(self._state.queries.values()):
                 self._release_outputs(q)
         with self._lock:
             if self._closed:

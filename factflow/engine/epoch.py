@@ -160,14 +160,14 @@ def _notices(affected: list[Query], outputs: dict[Stateful, pd.DataFrame]) -> li
     notices = []
     for q in affected:
         if q.pulls:
-            changes = q.pull_changes(outputs)
+            changes = q._pull_changes(outputs)
             if changes and q.subscribers:
                 notices.append(Notice(q, q.subscribers, changes))
             continue
         out = outputs.get(q.dataflow.result)
         if out is not None and q.has_subscribers:
-            frame = q.output(out, OUT if OUT in out.columns else DIFF)
+            frame = q._output(out, OUT if OUT in out.columns else DIFF)
             if len(frame):
-                changes = q.changes(frame, DIFF) if q.subscribers and q.window is None else []
+                changes = q._changes(frame, DIFF) if q.subscribers and q.window is None else []
                 notices.append(Notice(q, q.subscribers, changes, frame))
     return notices

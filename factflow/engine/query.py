@@ -67,6 +67,12 @@ class Query:
     the lock is not safe: an epoch's maintenance merges batches and frees the stored ones.)
     Subscribers are called outside the lock, on the thread that ran the epoch (see
     :mod:`factflow.engine.delivery`).
+
+    Once the query is closed, every public method and property but :meth:`close` raises
+    :class:`~factflow.EngineClosedError` (the attributes set when it was installed, such as
+    ``name`` and ``definition``, stay readable). The members whose names start with an
+    underscore serve the engine, whose delivery of an epoch committed before the close may
+    still be under way.
     """
 
     def __init__(self, engine: "Engine", dataflow: Dataflow, installed_at: int, lock: threading.RLock,
@@ -101,11 +107,13 @@ class Query:
     def plan(self) -> Plan:
         """The plan the query was installed from (see :mod:`factflow.planner.plan`): plain
         data, equal to ``Engine.plan`` of the same text, inputs, join and semantics."""
+        self._check()
         return self.dataflow.plan
 
     @property
     def columns(self) -> list[str]:
         """The :find elements, in order (``?x`` or an aggregate such as ``(count ?x)``)."""
+        self._check()
         return [str(v) for v, _ in self.dataflow.find]
 
     def _report(self):
@@ -123,8 +131,8 @@ class Query:
         query's slack: :class:`factflow.HistoryError` otherwise) as ``{row_tuple:
         multiplicity}``, whatever the find spec (read under the engine lock, see the class docs)."""
         with self._lock:
+            self._check()
             if self._pull is not None:
-                self._check()
                 if as_of is not None:
                     raise QueryError(f"query {self.name}: as_of reads are not supported for pull queries yet")
                 return self._pull.results()
@@ -207,23 +215,30 @@ class Query:
     @property
     def subscribers(self) -> tuple[Subscriber, ...]:
         """The functions subscribed now."""
+        self._check()
         return tuple(self._subscribers)
 
     @property
     def has_subscribers(self) -> bool:
         """Whether anyone listens to this query's changes (subscribers or sinks)."""
+        self._check()
         return bool(self._subscribers or self._sinks)
 
     @property
     def sinks(self) -> tuple[SinkWriter, ...]:
         """The sinks writing this query's changes."""
+        self._check()
         return tuple(self._sinks)
 
     def output_columns(self) -> list[tuple[str, str, Kind]]:
         """Per find element: its internal column, its name in frames and sinks, its kind."""
+        self._check()
+        return self._output_columns()
+
+    def _output_columns(self) -> list[tuple[str, str, Kind]]:
         return [(col, _frame_column(v), kind) for (v, _), (col, kind) in zip(self.dataflow.find, self._report())]
 
-    def output(self, frame: pd.DataFrame, diff: str) -> pd.DataFrame:
+    def _output(self, frame: pd.DataFrame, diff: str) -> pd.DataFrame:
         """One epoch's output rows of the result operator consolidated onto the find
         elements' columns, with the change in ``_diff`` (what windows and sinks take)."""
         out = consolidated(frame, [col for _, col in self.dataflow.find], diff)
@@ -252,7 +267,7 @@ class Query:
                 raise HistoryCompactedError(
                     f"query {self.name}: the changes after epoch {start} are compacted away; the oldest epoch "
                     f"they can be read after is {oldest}", start, oldest)
-            frame = self._engine.spark.sql(changes_sql(self, start, self._engine.epoch, self.output_columns()))
+            frame = self._engine.spark.sql(changes_sql(self, start, self._engine.epoch, self._output_columns()))
             if self.dataflow.result.handle.stored:
                 self._engine.spark.sparkContext.setJobDescription(f"changes of {self.name}")
                 frame = frame.localCheckpoint(eager=True)
@@ -263,6 +278,7 @@ class Query:
         epoch (see :mod:`factflow.io.sinks`): ``format`` parquet, json or csv; ``mode``
         ``diffs`` (each epoch's changes, starting with the whole current result) or
         ``snapshot`` (each epoch's whole result). Returns the sink's writer."""
+        self._check()
         return self._engine._attach_sink(self, Sink(path, format, mode))
 
     def flush(self, timeout: float | None = None) -> bool:
@@ -270,12 +286,12 @@ class Query:
         returns whether all of them are written."""
         return all([sink.flush(timeout) for sink in self.sinks])
 
-    def sink_frame(self, frame: pd.DataFrame) -> pd.DataFrame:
-        """An :meth:`output` frame with the column names sinks write."""
-        names = {col: name for col, name, _ in self.output_columns()}
+    def _sink_frame(self, frame: pd.DataFrame) -> pd.DataFrame:
+        """An :meth:`_output` frame with the column names sinks write."""
+        names = {col: name for col, name, _ in self._output_columns()}
         return frame.rename(columns={**names, DIFF: CHANGE})
 
-    def changes(self, frame: pd.DataFrame, diff: str) -> list[tuple[tuple, int]]:
+    def _changes(self, frame: pd.DataFrame, diff: str) -> list[tuple[tuple, int]]:
         """One epoch's output rows of the result operator as consolidated ``(row, diff)`` pairs, as subscribers get them."""
         changes = changes_from_frame(frame, self._report(), diff)
         if changes and self.dataflow.decoders:
@@ -285,18 +301,20 @@ class Query:
     @property
     def pulls(self) -> bool:
         """Whether the result holds pulled entities (kept on the driver, see :mod:`factflow.engine.pull`)."""
+        self._check()
         return self._pull is not None
 
-    def pull_changes(self, outputs: Mapping[Stateful, pd.DataFrame]) -> list[tuple[tuple, int]]:
+    def _pull_changes(self, outputs: Mapping[Stateful, pd.DataFrame]) -> list[tuple[tuple, int]]:
         """A query with pulls: bring its rows on the driver up to date with the outputs the
         evaluation fetched (see :meth:`Dataflow.outputs`) and return the epoch's changes."""
         out = outputs.get(self.dataflow.result)
-        changes = self.changes(out, OUT if OUT in out.columns else DIFF) if out is not None else []
+        changes = self._changes(out, OUT if OUT in out.columns else DIFF) if out is not None else []
         return self._pull.apply(changes, outputs)
 
     def explain(self) -> str:
         """A readable description of the plan: strategy, operators, the state they hold (read under the engine lock)."""
         with self._lock:
+            self._check()
             return self.dataflow.explain()
 
     def close(self) -> None:

@@ -316,7 +316,7 @@ def test_a_newer_format_version_is_refused_by_name(spark, tmp_path):
     path = str(tmp_path / "FORMAT")
     body = open_sealed_json(path)
     write_atomic(path, sealed_json(dict(body, version=body["version"] + 1)))
-    with pytest.raises(StateVersionError, match="FORMAT was written in storage format version 2"):
+    with pytest.raises(StateVersionError, match=f"FORMAT was written in storage format version {body['version'] + 1}"):
         Engine(spark=spark, state_dir=str(tmp_path))
 
 

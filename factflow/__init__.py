@@ -11,7 +11,7 @@ from factflow.engine.session import create_session
 from factflow.io.sinks import Sink
 from factflow.model.pulled import PullMap
 from factflow.errors import (
-    ConnectionClosedError, CorruptStateError, EdnSyntaxError, EngineClosedError, ExecutionError, FactflowError,
+    ConfigurationError, ConnectionClosedError, CorruptStateError, EdnSyntaxError, EngineClosedError, ExecutionError, FactflowError,
     HistoryCompactedError, HistoryError, IngestError, LateTransactionError, LoadError, QueryError, RequestTimeoutError,
     RuleError, SchemaError, ServerError, SinkError, StateLockedError, StateVersionError, StorageError, TransactionError,
     UnknownAttributeError,
@@ -21,7 +21,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Engine", "EngineConfig", "EpochReport", "SparkJob", "Query", "PullMap", "create_session",
-    "FactflowError", "EdnSyntaxError", "SchemaError", "UnknownAttributeError", "TransactionError",
+    "FactflowError", "ConfigurationError", "EdnSyntaxError", "SchemaError", "UnknownAttributeError", "TransactionError",
     "LoadError", "IngestError", "QueryError", "RuleError", "EngineClosedError", "ExecutionError", "ServerError",
     "ConnectionClosedError", "RequestTimeoutError", "HistoryCompactedError", "SinkError", "Sink", "StorageError",
     "StateLockedError", "StateVersionError", "CorruptStateError",

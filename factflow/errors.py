@@ -21,6 +21,7 @@ the user can find it. The type says what was rejected::
     │                           iteration of recursive rules exceeded EngineConfig.fetch_limit
     ├── HistoryError            a read as of an epoch outside the history kept (slack)
     ├── EngineClosedError       the engine or query was used after close()
+    ├── ConfigurationError      the Spark session cannot run factflow (checked when an engine starts)
     ├── ServerError             a factflow server refused a client's request (.category says why)
     ├── ConnectionClosedError   a client's connection to a server failed to open or closed
     ├── RequestTimeoutError     a client waited longer than its timeout for a reply
@@ -101,6 +102,13 @@ class HistoryError(FactflowError):
 
 class EngineClosedError(FactflowError):
     """The engine (or a query) was used after it was closed."""
+
+
+class ConfigurationError(FactflowError):
+    """The Spark session an engine was given or made cannot run factflow: its tasks' Python
+    interpreter lacks factflow or a dependency, or has other versions (see
+    :mod:`factflow.engine.preflight`). The message names the host, the interpreter, what
+    is wrong and what to set; nothing was started."""
 
 
 class ExecutionError(FactflowError):

@@ -46,6 +46,7 @@ from factflow.engine.feeds import AttributeSubscriber
 from factflow.engine.granularity import Window, window_seconds
 from factflow.engine.group import plan_runs
 from factflow.engine.history import check_slack
+from factflow.engine.preflight import check_task_python
 from factflow.engine.install import install
 from factflow.engine.introspection import Introspection
 from factflow.engine.offsets import check_offset
@@ -103,6 +104,11 @@ class Engine:
     ``:factflow.*`` attributes that queries read, one epoch behind (see
     :mod:`factflow.engine.introspection`).
 
+    Before anything else, an engine checks that Spark's tasks can run factflow's code (the
+    Python interpreter they start with has factflow and its dependencies at the driver's
+    versions; :mod:`factflow.engine.preflight`) and refuses a session whose tasks cannot
+    with a :class:`factflow.ConfigurationError` saying what to set.
+
     ``time="event"`` numbers epochs by the times transactions carry (``transact(tx,
     time=T)``, closed by :meth:`advance_to`; see :mod:`factflow.engine.clock`) instead of
     by arrival (``"transaction"``, the default).
@@ -119,6 +125,12 @@ class Engine:
             raise FactflowError(f"time must be 'transaction' or 'event', not {time!r}")
         self._holds_session = spark is None
         self.spark = spark if spark is not None else acquire_session(master=master)
+        try:
+            check_task_python(self.spark)
+        except BaseException:
+            if self._holds_session:
+                release_session(self.spark)
+            raise
         for key, value in REQUIRED_SQL_CONF.items():
             self.spark.conf.set(key, value)
         warn_of_missing_start_up_settings(self.spark)

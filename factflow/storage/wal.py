@@ -298,6 +298,8 @@ class WriteAheadLog:
             self.torn.append(torn)
         os.lseek(fd, valid, os.SEEK_SET)
         self._fd, self.segment, self._size = fd, number, valid
+        if _HEADER.unpack_from(os.pread(fd, _HEADER_SIZE, 0))[1] != FORMAT_VERSION:
+            self._create(number + 1)  # records of this format go into a segment of this format
 
     def truncate(self, segment: int, offset: int) -> list[int]:
         """Give up everything from byte ``offset`` of ``segment`` on: that segment is cut

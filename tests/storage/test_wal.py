@@ -250,3 +250,25 @@ def test_offsets_are_checked():
     for source, offset in [("s", None), (None, 3), ("", 1), ("s", True), ("s", 1.5), ("s", 2**63)]:
         with pytest.raises(TransactionError):
             check_offset(source, offset)
+
+
+def test_segments_of_format_version_1_are_still_read(tmp_path):
+    """Segments written before frames carried their own checksum (format 1) read as before,
+    and the log continues in them with format 2 frames."""
+    import zlib
+
+    written = records(3)
+    head = struct.pack("<6sHQ", b"FFWAL\x00", 1, 1)
+    data = head + struct.pack("<I", zlib.crc32(head))
+    for record in written:
+        framed = record.encode()
+        payload = framed[12:]
+        data += struct.pack("<II", len(payload), zlib.crc32(payload)) + payload
+    (tmp_path / "000000000001.log").write_bytes(data + b"\x07\x00")  # and a torn tail
+    found, log = read_back(tmp_path)
+    assert found == written and "torn tail" in log.torn[0]
+    log.append(LogRecord({"type": "epoch", "epoch": 4}))
+    log.close()
+    assert log.segments() == [1, 2]  # the new format in a segment of its own
+    again, _ = read_back(tmp_path)
+    assert again == written + [LogRecord({"type": "epoch", "epoch": 4})]

@@ -59,16 +59,16 @@ NEWCOMERS = [("Greta", "Hoffmann"), ("Jonas", "Keller"), ("Mira", "Schulz")]
 #: printed once, after the first epoch's cost
 WHY_SECONDS = """\
     Why seconds for a dozen facts? However many queries it updates, a small epoch is two
-    Spark jobs of one task each, and what they cost is fixed overhead, not the facts:
-    Spark plans the epoch's SQL statements, then runs them over the state they join with.
-    State this small stays on the driver and each join reads it whole (the "rows read"
-    above); large state is kept in Spark and probed by key. A fresh process pays most:
-    each statement of a new shape is planned while the JVM's JIT compiler is still warming
-    up on the same cores (installs also generate and compile code). An epoch whose
-    statements have a shape seen before reuses their plans ("plans reused"). On a quiet
-    2-core machine a warm one-change epoch with five simple queries costs about 0.2 s,
-    8-9x a trivial Spark job (docs/benchmarks-summary.md); these queries read more, and a
-    machine busy with other Spark jobs shows more."""
+    Spark jobs of one task each, and what they cost is Spark's fixed overhead, not the
+    facts: Spark plans the epoch's SQL statements, then runs them over the state they join
+    with, which at this size stays on the driver and is read whole by each join (large
+    state is kept in Spark and probed by key). A fresh process pays most: each statement
+    of a new shape is planned while the JVM's JIT compiler is still warming up on the same
+    cores (installs also generate and compile code). An epoch whose statements have a
+    shape seen before reuses their plans ("plans reused"). On a quiet 2-core machine a
+    warm one-change epoch with five simple queries costs about 0.2 s, 8-9x a trivial Spark
+    job (docs/benchmarks-summary.md); these queries join more state, and a machine busy
+    with other Spark jobs shows more."""
 
 
 def _stream(first_id: int, berlin: int) -> list[tuple[str, str, list]]:
@@ -199,9 +199,8 @@ def run_demo(data: str | None = None, master: str | None = None, out=sys.stdout,
         if not changed:
             say("    no query changed")
         diffs.clear()
-        rows = sum(job.rows_read or 0 for job in report.jobs)
         say(f"    cost: {report.seconds:.2f}s for {plural(report.changes, 'fact change')}: "
-            f"{plural(len(report.jobs), 'Spark job')}, {plural(rows, 'row')} read, "
+            f"{plural(len(report.jobs), 'Spark job')}, "
             f"plans reused for {report.plans_reused} of {report.statements} statements")
         if number == 0:
             say(WHY_SECONDS)

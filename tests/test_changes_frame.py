@@ -15,7 +15,7 @@ from collections import Counter
 
 import pytest
 
-from factflow import Engine, EngineConfig, HistoryCompactedError
+from factflow import Engine, EngineConfig, HistoryCompactedError, QueryError
 from factflow.engine.history import oldest_available
 from oracle import normalized
 from storage.durable import define, new_oracle, valid_stream
@@ -110,3 +110,12 @@ def test_the_install_epoch_is_readable_while_the_slack_covers_it(engine):
     assert oldest_available(q) <= 0
     assert by_epoch(q.changes_frame(since=0), 2) == {e: normalized(c) for e, c in got.items() if normalized(c)}
     assert set(by_epoch(q.changes_frame(), 2)) == set(range(1, 9))
+
+
+def test_a_pull_query_has_no_change_frame(engine):
+    """Its subscribers receive changes below the pulled entity that a frame of entity ids
+    would miss: refused, not answered differently."""
+    engine.create_attribute(":p/name", type="string", semantics="one")
+    q = engine.query("[:find (pull ?e [:p/name]) :where [?e :p/name _]]", slack=5)
+    with pytest.raises(QueryError, match="changes_frame is not supported for pull queries"):
+        q.changes_frame()

@@ -255,10 +255,15 @@ class Query:
         its history is there (the install epoch's rows are then the whole result as of
         it), else after the oldest epoch kept. An older ``since`` raises
         :class:`HistoryCompactedError` naming both epochs. The frame is fixed and valid like
-        :meth:`frame`'s.
+        :meth:`frame`'s. Not for queries with pull (:class:`QueryError`), whose changes it
+        could not give as subscribers receive them.
         """
         with self._lock:
             self._check()
+            if self.pulls:
+                raise QueryError(f"query {self.name}: changes_frame is not supported for pull queries yet (its rows "
+                                 "would hold the pulled entities' ids, and miss changes below them that subscribers "
+                                 "receive); subscribe, or query the attributes without pull")
             oldest = oldest_available(self)
             start = max(self.installed_at - 1, oldest) if since is None else since
             if not isinstance(start, int) or isinstance(start, bool):

@@ -1,8 +1,8 @@
 """factflow's exception types.
 
 Every error raised through the public API is a :class:`FactflowError`. Messages name the
-offending item (the operation, clause, attribute, value, rule, line and column) so that
-the user can find it. The type says what was rejected::
+offending item (the operation or DataFrame row, clause, attribute, value, rule, line and
+column) so that the user can find it. The type says what was rejected::
 
     FactflowError
     ├── EdnSyntaxError          text is not EDN (from factflow.edn.read)
@@ -73,9 +73,9 @@ class LateTransactionError(TransactionError):
 
 class LoadError(TransactionError):
     """``Engine.load`` rejected a source: a column whose values do not convert to their
-    attribute's type (the message names the attribute, the column, an example value and how
-    many rows), entity ids that are missing or not integers, a column or attribute that
-    does not exist; nothing of it was applied."""
+    attribute's type (the message names the attribute, the column, how many rows, and an
+    example value with its entity), entity ids that are missing or not integers (naming an
+    example), a column or attribute that does not exist; nothing of it was applied."""
 
 
 class IngestError(FactflowError):

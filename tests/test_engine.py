@@ -282,6 +282,38 @@ def test_unknown_attributes_in_bulk_spark_input_reject_the_transaction(spark):
         db.close()
 
 
+def test_a_rejected_spark_transaction_names_its_row_or_else_its_entity_and_changes_nothing(spark):
+    """A small Spark frame is fetched: its errors name the row (position as fetched) and the
+    entity; a large one's rows have no position Spark keeps, so they are named by entity
+    and value. An unknown column is rejected by name on both paths."""
+    from factflow import Engine, EngineConfig
+
+    text, typed = "e long, a string, v string", "e long, a string, v long"
+    cases = [  # rows, schema, what a small frame's error says, what a large frame's says
+        ([(1, ":p/age", "30"), (7, ":p/age", "old")], text,
+         "row 1 (entity 7): 'old' is not a valid long value for :p/age",
+         "entity 7: 'old' is not a valid long value for :p/age"),
+        ([(1, ":p/age", 30), (8, ":nope/x", 1)], typed,
+         "transaction DataFrame, row 1 (entity 8): unknown attribute :nope/x",
+         "transaction DataFrame, entity 8, value '1': unknown attribute :nope/x"),
+        ([("1", ":p/age", "30"), ("x1", ":p/age", "31")], "e string, a string, v string",
+         "row 1: entity id must be a 64-bit integer, got 'x1' (for :p/age value '31')",
+         "entity id must be a 64-bit integer, got 'x1' (for :p/age value '31')"),
+        ([(1, ":p/age", 30, True), (2, ":p/age", 31, False)], "e long, a string, v long, adde boolean",
+         "1 unknown column: 'adde'", "1 unknown column: 'adde'"),
+    ]
+    for limit in (100, 1):  # two rows: small under a limit of 100, large (Spark's bulk path) under 1
+        with Engine(spark=spark, config=EngineConfig(local_limit=limit)) as db:
+            db.create_attribute(":p/age", type="long", semantics="one")
+            db.transact([add(1, ":p/age", 20)])
+            q = db.query("[:find ?p ?a :where [?p :p/age ?a]]")
+            for rows, schema, small, large in cases:
+                with pytest.raises(TransactionError) as info:
+                    db.transact(spark.createDataFrame(rows, schema))
+                assert (small if limit == 100 else large) in str(info.value), (limit, str(info.value))
+            assert db.epoch == 1 and q.results() == {(1, 20): 1}
+
+
 def test_spark_dataframes_take_the_small_or_the_bulk_path_by_size(spark):
     from factflow import Engine, EngineConfig
 

@@ -4,7 +4,7 @@ import pandas as pd
 import pytest
 
 from factflow import EdnSyntaxError, QueryError, RuleError, TransactionError, UnknownAttributeError
-from factflow.engine.transaction import prepare
+from factflow.engine.transaction import prepare, read_wide
 from factflow.lang.parser import parse_query, parse_rules
 from factflow.lang.rules import RuleStore
 from factflow.model.schema import Schema
@@ -21,7 +21,7 @@ def _schema() -> Schema:
      ["operation 1", ":person/nope"]),
     ('[[:db/add 1 :person/age 3]\n [:db/add 2 :person/age', EdnSyntaxError, ["malformed transaction EDN", "line 2"]),
     (pd.DataFrame({"e": [1, 2], "a": [":person/age", ":nope/x"], "v": [3, 4]}), UnknownAttributeError,
-     ["transaction DataFrame", ":nope/x"]),
+     ["transaction DataFrame, row 1 (entity 2)", ":nope/x"]),
     (pd.DataFrame({"e": [1], "a": ["no-colon"], "v": [3]}), UnknownAttributeError, ["no-colon"]),
 ], ids=["ops", "edn", "pandas", "pandas-bad-name"])
 def test_rejected_transactions_raise_transaction_errors_chained_from_the_cause(tx, cause, fragments):
@@ -29,6 +29,35 @@ def test_rejected_transactions_raise_transaction_errors_chained_from_the_cause(t
         prepare(tx, _schema(), spark=None, local_limit=100)  # rejected before Spark is needed
     assert isinstance(info.value.__cause__, cause), repr(info.value.__cause__)
     for fragment in fragments:
+        assert fragment in str(info.value), str(info.value)
+
+
+@pytest.mark.parametrize("frame, fragment", [
+    (pd.DataFrame({"e": [1, 2], "a": [":person/age"] * 2, "v": [3, 4], "adde": [True, False]}),
+     "1 unknown column: 'adde'"),
+    (pd.DataFrame({"e": [1], "a": [":person/age"], "value": [3], "t": [0]}),
+     "1 column missing: v"),
+    (pd.DataFrame({"e": [1, 2, 7], "a": [":person/age"] * 3, "v": [3, 4, "old"]}),
+     "transaction DataFrame, row 2 (entity 7): 'old' (str) is not a valid long value for :person/age"),
+    (pd.DataFrame({"e": [1, 2, 7], "a": [":person/age"] * 3, "v": pd.Series([3, None, 5], dtype=object)}),
+     "transaction DataFrame, row 1 (entity 2): None (NoneType) is not a valid long value for :person/age"),
+    (pd.DataFrame({"e": [1, "x", 3], "a": [":person/age"] * 3, "v": [3, 4, 5]}),
+     "transaction DataFrame, row 1: entity id must be a 64-bit integer, got 'x'"),
+    (pd.DataFrame({"e": pd.Series([1, 2.5], dtype=object), "a": [":person/age"] * 2, "v": [3, 4]}),  # not entity 2
+     "transaction DataFrame, row 1: entity id must be a 64-bit integer, got 2.5"),
+    (pd.DataFrame({"e": [1, 2], "a": [":person/age", None], "v": [3, 4]}),
+     "transaction DataFrame, row 1 (entity 2): missing attribute name in column a"),
+    (pd.DataFrame({"e": [1, 2], "a": [":person/age"] * 2, "v": [3, 4], "added": [True, "no"]}),
+     "transaction DataFrame, row 1 (entity 2): column added must be true or false, got 'no'"),
+    (pd.DataFrame({"e": [5, 6, 7], "a": [":person/age"] * 3, "v": [3, 4, "x"]}, index=[10, 11, 12]),
+     "transaction DataFrame, row 2 (entity 7): 'x' (str) is not a valid long value"),  # the position, not the label
+], ids=["extra-column", "missing-column", "value", "missing-value", "entity", "fractional-entity", "no-attribute",
+        "added", "indexed"])
+def test_a_rejected_pandas_transaction_names_its_row_and_entity(frame, fragment):
+    for read in (lambda: prepare(frame, _schema(), spark=None, local_limit=100),
+                 lambda: read_wide(frame, _schema(), spark=None, local_limit=100)):  # event time checks it too
+        with pytest.raises(TransactionError) as info:
+            read()
         assert fragment in str(info.value), str(info.value)
 
 

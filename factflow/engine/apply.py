@@ -32,7 +32,7 @@ from factflow.dataflow.context import EpochContext
 from factflow.dataflow.lookup import TRACE_DIFF, probe
 from factflow.engine import transaction
 from factflow.errors import TransactionError
-from factflow.model.schema import Attribute, Schema
+from factflow.model.schema import Attribute
 from factflow.model.types import Kind
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -116,7 +116,7 @@ def _apply_small(state: "EngineState", sql: str, prepared: transaction.PreparedT
     spark.sparkContext.setJobDescription(f"epoch {epoch}: effective changes")
     with small_statements(spark, state.config.small_conf):
         table = bound.run(spark, sql)
-    _raise_errors(state.schema, table.filter(pc.is_valid(table.column(transaction.ERR))))
+    _raise_errors(table.filter(pc.is_valid(table.column(transaction.ERR))))
     rows = table.filter(pc.is_null(table.column(transaction.ERR)))
     changed: dict[int, int] = {}
     for attribute in prepared.attributes:
@@ -144,10 +144,8 @@ def _apply_bulk(state: "EngineState", sql: str, epoch: int, watched: dict[int, p
             F.slice(F.collect_list(transaction.ERR), 1, 5).alias("examples"),
         ).collect())
         if any(r["errors"] for r in summary):
-            _raise_errors(state.schema, pa.table({
-                "a": [r["a"] for r in summary for _ in r["examples"]],
-                transaction.ERR: [m for r in summary for m in r["examples"]],
-            }), total=sum(r["errors"] for r in summary))
+            _raise_errors(pa.table({transaction.ERR: [m for r in summary for m in r["examples"]]}),
+                          total=sum(r["errors"] for r in summary))
         for r in summary:
             if not r["rows"]:
                 continue
@@ -165,13 +163,10 @@ def _apply_bulk(state: "EngineState", sql: str, epoch: int, watched: dict[int, p
     return changed
 
 
-def _raise_errors(schema: Schema, table: pa.Table, total: int | None = None) -> None:
-    """Reject the transaction with the distinct messages of ``table`` (columns ``a`` and the error)."""
+def _raise_errors(table: pa.Table, total: int | None = None) -> None:
+    """Reject the transaction with the distinct messages of ``table`` (its error column; each
+    names its attribute and entity)."""
     if table.num_rows == 0:
         return
-    messages: list[str] = []
-    for a, msg in zip(table.column("a").to_pylist(), table.column(transaction.ERR).to_pylist()):
-        prefix = f"{schema.by_id(a).name}: " if a is not None and a >= 0 and not msg.startswith(":") else ""
-        if prefix + msg not in messages:
-            messages.append(prefix + msg)
+    messages = list(dict.fromkeys(table.column(transaction.ERR).to_pylist()))
     raise TransactionError(transaction.format_errors(messages, total or len(messages)))

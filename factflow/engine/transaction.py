@@ -14,6 +14,15 @@ changes the transaction really makes given the attribute's current state and sem
 Errors found by Spark (conflicts inside the transaction, bad values in bulk input) come
 back as rows with an ``err`` message; the engine rejects the whole transaction if any.
 
+A DataFrame has columns ``e``, ``a``, ``v`` and optionally ``added``, no others (an
+unknown column is rejected by name rather than ignored), and an error names the row it
+found wrong as a list's error names the operation's index: by its position (0-based,
+whatever a pandas frame's index), ``row 3 (entity 7)``, for a pandas frame and a small
+Spark frame (its position as fetched to the driver, the order ``toPandas()`` shows). A
+large Spark frame's rows are named by their entity, attribute and value instead: Spark
+keeps no row order a user could count by across jobs (files are listed and split in any
+order, shuffles reorder), and numbering the rows would cost a pass over all of them.
+
 A Spark DataFrame's values are converted by Spark (``try_cast`` to each attribute's type)
 when it is large, and when its ``v`` column is text whatever its size (what file and
 socket sources carry: ``"42"`` for a long, ``"2021-03-04T05:06:07"`` for an instant);
@@ -24,13 +33,12 @@ of another session (a Structured Streaming micro-batch's) is handed over to the 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import reduce
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import pandas as pd
 from pyspark.errors import AnalysisException
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -38,6 +46,7 @@ from factflow import edn
 from factflow.arrangement.batch import DIFF, local_relation
 from factflow.arrangement.views import register_view
 from factflow.errors import EdnSyntaxError, TransactionError, UnknownAttributeError
+from factflow.io.load import typed_column
 from factflow.model.frames import in_session
 from factflow.model.schema import Attribute, Schema
 from factflow.dataflow.statement import Statement
@@ -48,6 +57,8 @@ __all__ = ["PreparedTransaction", "WideOps", "prepare", "read_ops", "read_wide",
 
 SLOT = {Kind.LONG: "vl", Kind.DOUBLE: "vd", Kind.STRING: "vs", Kind.BOOLEAN: "vb", Kind.INSTANT: "vt"}
 ERR = "err"
+_PROBLEM = "_problem"  # what is wrong with a row of Spark input (NULL when nothing is)
+_COLUMNS = ("e", "a", "v", "added")
 _OPS = {":db/add": 1, ":db/retract": -1}
 TX_SCHEMA = T.StructType(
     [T.StructField("a", T.IntegerType(), False), T.StructField("e", T.LongType(), True),
@@ -82,6 +93,8 @@ def prepare(tx: Any, schema: Schema, spark: SparkSession, local_limit: int) -> P
     """Validate what can be checked without data and build the wide transaction frame."""
     if isinstance(tx, WideOps):
         return _from_wide(tx, local_limit)
+    if isinstance(tx, (DataFrame, pd.DataFrame)):
+        _check_columns(tx.columns)
     if isinstance(tx, DataFrame):
         tx = in_session(tx, spark)
         if tx.limit(local_limit + 1).count() <= local_limit:  # a small epoch: take the driver path
@@ -89,7 +102,7 @@ def prepare(tx: Any, schema: Schema, spark: SparkSession, local_limit: int) -> P
             if "v" in tx.columns and isinstance(tx.schema["v"].dataType, T.StringType):
                 return _from_wide(_fetch_text(tx, schema, spark), local_limit)
             return _from_pandas(tx.toArrow().to_pandas(), schema, local_limit)
-        return _from_spark(tx, schema, spark)
+        return _from_spark(tx, schema, spark, small=False)
     if isinstance(tx, pd.DataFrame):
         return _from_pandas(tx, schema, local_limit)
     if isinstance(tx, (str, list, tuple)):
@@ -105,6 +118,8 @@ def read_wide(tx: Any, schema: Schema, spark: SparkSession, local_limit: int) ->
     rejected (a bulk load is applied at once, in transaction time)."""
     if isinstance(tx, WideOps):
         return tx
+    if isinstance(tx, (DataFrame, pd.DataFrame)):
+        _check_columns(tx.columns)
     if isinstance(tx, DataFrame):
         tx = in_session(tx, spark)
         spark.sparkContext.setJobDescription("fetch a buffered transaction DataFrame")
@@ -120,6 +135,24 @@ def read_wide(tx: Any, schema: Schema, spark: SparkSession, local_limit: int) ->
     if isinstance(tx, (str, list, tuple)):
         return read_ops(tx, schema)
     raise _unsupported(tx)
+
+
+def _check_columns(columns: Sequence[Any]) -> None:
+    """Reject a transaction DataFrame that lacks column e, a or v, or has any column but
+    those and ``added``, naming the columns."""
+    missing = [c for c in ("e", "a", "v") if c not in columns]
+    if missing:
+        raise TransactionError(f"a transaction DataFrame needs columns e, a, v (and optionally added); "
+                               f"{plural(len(missing), 'column')} missing: {', '.join(missing)}")
+    unknown = [repr(c) for c in columns if c not in _COLUMNS]
+    if unknown:
+        raise TransactionError(f"a transaction DataFrame has columns e, a, v and optionally added, no others; "
+                               f"{plural(len(unknown), 'unknown column')}: {', '.join(unknown)}")
+
+
+def _row(position: int, entity: Any = None) -> str:
+    """How an error names a row of a DataFrame: its position (0-based) and its entity, if any."""
+    return f"row {position}" + (f" (entity {entity})" if entity is not None else "")
 
 
 def _unsupported(tx: Any) -> TransactionError:
@@ -230,30 +263,32 @@ def _from_pandas(tx: pd.DataFrame, schema: Schema, local_limit: int) -> Prepared
 
 
 def _wide_from_pandas(tx: pd.DataFrame, schema: Schema) -> WideOps:
-    """A pandas transaction checked against the schema, in wide form (typed columns)."""
-    missing = {"e", "a", "v"} - set(tx.columns)
-    if missing:
-        raise TransactionError(f"a transaction DataFrame needs columns e, a, v (and optionally added); missing {sorted(missing)}")
+    """A pandas transaction checked against the schema, in wide form (typed columns); a
+    TransactionError names the first row found wrong, by position and entity."""
     if tx.empty:
         return WideOps(_wide_pandas([], [], [], {}), [])
-    tx = tx.reset_index(drop=True)  # rows are matched by position below, whatever index the caller's frame has
+    tx = tx.reset_index(drop=True)  # rows are matched (and named) by position, whatever index the caller's frame has
+    entities = _entities(tx["e"])
+
+    def where(position: int) -> str:
+        return f"transaction DataFrame, {_row(position, entities[position])}"
+
+    if tx["a"].isna().any():
+        raise TransactionError(f"{where(_first(tx['a'].isna()))}: missing attribute name in column a")
     names = tx["a"].astype(str)
     attributes: dict[str, Attribute] = {}
     for name in pd.unique(names):
         try:
             attributes[name] = schema.get(name)
         except UnknownAttributeError as exc:
-            raise TransactionError(f"transaction DataFrame: {exc}") from exc
-    if tx["e"].isna().any():
-        raise TransactionError("transaction DataFrame: column e has missing entity ids")
-    try:
-        entities = tx["e"].astype("int64")
-    except (TypeError, ValueError):
-        raise TransactionError("transaction DataFrame: column e must hold integer entity ids") from None
+            raise TransactionError(f"{where(_first(names == name))}: {exc}") from exc
     if "added" in tx.columns:
-        if tx["added"].isna().any() or tx["added"].dtype != bool:
-            raise TransactionError("transaction DataFrame: column added must be boolean without missing values")
-        signs = np.where(tx["added"].to_numpy(), 1, -1)
+        added = tx["added"]
+        if not pd.api.types.is_bool_dtype(added.dtype) or added.isna().any():
+            for position, flag in enumerate(added.tolist()):
+                if not isinstance(flag, (bool, np.bool_)):
+                    raise TransactionError(f"{where(position)}: column added must be true or false, got {flag!r}")
+        signs = np.where(added.to_numpy(dtype=bool), 1, -1)
     else:
         signs = np.ones(len(tx), dtype="int32")
     wide = pd.DataFrame({"a": names.map(lambda n: attributes[n].id).astype("int32").to_numpy(),
@@ -262,15 +297,32 @@ def _wide_from_pandas(tx: pd.DataFrame, schema: Schema) -> WideOps:
         wide[SLOT[kind]] = pd.Series([None] * len(tx), dtype="object")
     for name, attribute in attributes.items():
         mask = (names == name).to_numpy()
-        wide.loc[mask, SLOT[attribute.kind]] = _typed_values(tx["v"][mask], attribute)
+        wide.loc[mask, SLOT[attribute.kind]] = _typed_values(tx["v"][mask], attribute, where)
     for kind in (Kind.LONG, Kind.DOUBLE, Kind.BOOLEAN):
         wide[SLOT[kind]] = wide[SLOT[kind]].astype({Kind.LONG: "Int64", Kind.DOUBLE: "Float64",
                                                      Kind.BOOLEAN: "boolean"}[kind])
     return WideOps(wide, list(attributes.values()))
 
 
-def _typed_values(values: pd.Series, attribute: Attribute) -> pd.Series:
-    """Values of one attribute converted to its type; vectorized when the dtype already fits."""
+def _first(flags: pd.Series) -> int:
+    """The position of the first True in ``flags``."""
+    return int(flags.to_numpy().argmax())
+
+
+def _entities(column: pd.Series) -> pd.Series:
+    """Column e as int64 entity ids; a TransactionError names the first row whose id is
+    missing or not a 64-bit integer (as for an operation: a float, a bool or a text is not)."""
+    if not (pd.api.types.is_signed_integer_dtype(column.dtype) and not column.isna().any()):
+        for position, e in enumerate(column.tolist()):
+            if not coerce_value(e, "ref")[0]:
+                raise TransactionError(f"transaction DataFrame, {_row(position)}: entity id must be a 64-bit "
+                                       f"integer, got {e!r}")
+    return column.astype("int64")
+
+
+def _typed_values(values: pd.Series, attribute: Attribute, where: Callable[[int], str]) -> pd.Series:
+    """Values of one attribute converted to its type; vectorized when the dtype already fits.
+    A value that does not fit rejects the transaction, named by ``where(position)``."""
     kind = attribute.kind
     dtype = values.dtype
     fits = (
@@ -289,41 +341,41 @@ def _typed_values(values: pd.Series, attribute: Attribute) -> pd.Series:
             return values.astype("float64").astype(object)
         return values.astype(object)
     converted = []
-    for v in values.tolist():  # mixed object column: each value must be checked on its own
+    for position, v in values.items():  # mixed object column: each value must be checked on its own
         ok, norm = coerce_value(v, attribute.value_type)
         if not ok:
             raise TransactionError(
-                f"transaction DataFrame: {v!r} ({python_type_name(v)}) is not a valid "
+                f"{where(position)}: {v!r} ({python_type_name(v)}) is not a valid "
                 f"{attribute.value_type} value for {attribute.name}"
             )
         converted.append(norm)
     return pd.Series(converted, index=values.index, dtype=object)
 
 
-def _from_spark(tx: DataFrame, schema: Schema, spark: SparkSession) -> PreparedTransaction:
-    missing = {"e", "a", "v"} - set(tx.columns)
-    if missing:
-        raise TransactionError(f"a transaction DataFrame needs columns e, a, v (and optionally added); missing {sorted(missing)}")
+def _from_spark(tx: DataFrame, schema: Schema, spark: SparkSession, small: bool) -> PreparedTransaction:
+    """A Spark transaction (columns checked) converted by Spark, lazily, with a column
+    ``_problem`` saying what is wrong with each row (NULL if nothing); ``small``: it is to be
+    fetched to the driver, so that errors name rows by position (see the module docs)."""
     spark.sparkContext.setJobDescription("transaction: attributes of bulk input")
-    names = [r[0] for r in tx.select(F.col("a").cast("string")).distinct().collect()]
+    name_col = F.col("a").cast("string")
+    names = [r[0] for r in tx.select(name_col).distinct().collect()]
     attributes = []
     for name in names:
         if name is None:
-            raise TransactionError("transaction DataFrame: column a has missing attribute names")
+            raise TransactionError(f"transaction DataFrame, {_locate(tx, name_col.isNull(), small)}: "
+                                   "missing attribute name in column a")
         try:
             attributes.append(schema.get(name))
         except UnknownAttributeError as exc:
-            raise TransactionError(f"transaction DataFrame: {exc}") from exc
+            raise TransactionError(f"transaction DataFrame, {_locate(tx, name_col == name, small)}: {exc}") from exc
     added = F.col("added").try_cast("boolean") if "added" in tx.columns else F.lit(True)
-    name_col = F.col("a").cast("string")
-    a_id = reduce(lambda acc, at: acc.when(name_col == str(at.name), F.lit(at.id)),
-                  attributes[1:], F.when(name_col == str(attributes[0].name), F.lit(attributes[0].id))) \
-        if attributes else F.lit(-1)
-    entity = F.col("e").try_cast("long")  # text ids (file sources) that are not integers: NULL, reported
+    a_id = _per_attribute(name_col, attributes, lambda at: at.id)
+    entity = typed_column(F.col("e"), tx.schema["e"].dataType, "ref")  # NULL where not an integer id: reported
     exprs = [a_id.cast("int").alias("a"), entity.alias("e"),
              F.when(added.isNull(), F.lit(None)).when(added, F.lit(1)).otherwise(F.lit(-1)).cast("int").alias("op")]
     v = F.col("v")
     source_type = tx.schema["v"].dataType
+    slots = []
     for kind in Kind:
         ids = [at.id for at in attributes if at.kind is kind]
         target = spark_type(kind)
@@ -333,41 +385,67 @@ def _from_spark(tx: DataFrame, schema: Schema, spark: SparkSession) -> PreparedT
         typed = F.expr(f"try_cast(v AS {target.simpleString()})") if source_type != target else v
         if kind is Kind.LONG and isinstance(source_type, (T.DoubleType, T.FloatType, T.DecimalType)):
             typed = F.when(typed.cast(source_type) == v, typed)
-        exprs.append(F.when(a_id.isin(ids), typed).cast(target).alias(SLOT[kind]))
+        slots.append(F.when(a_id.isin(ids), typed).cast(target))
+        exprs.append(slots[-1].alias(SLOT[kind]))
         try:
             tx.select(typed)
         except AnalysisException:
             names = ", ".join(str(at.name) for at in attributes if at.kind is kind)
             raise TransactionError(f"transaction DataFrame: column v of type {source_type.simpleString()} "
                                    f"cannot hold {kind.value} values (for {names})") from None
-    checked = tx.select(*exprs, v.isNull().alias("_v_null"), entity.isNull().alias("_e_null"),
-                        added.isNull().alias("_added_null"), v.cast("string").alias("_v_text"))
-    return PreparedTransaction(checked, attributes, None, False)
+    problem = F.when(entity.isNull(), F.concat(F.lit("entity id must be a 64-bit integer, got "), _quoted(F.col("e")),
+                                               F.lit(" (for "), name_col, F.lit(" value "), _quoted(v), F.lit(")")))
+    if "added" in tx.columns:
+        problem = problem.when(added.isNull(), F.concat(F.lit("column added must be true or false, got "),
+                                                        _quoted(F.col("added"))))
+    unconverted = F.coalesce(*(slot.cast("string") for slot in slots)).isNull() if slots else F.lit(True)
+    problem = (problem.when(v.isNull(), F.concat(F.lit("missing value for "), name_col))
+               .when(unconverted, F.concat(_quoted(v), F.lit(" is not a valid "),
+                                           _per_attribute(name_col, attributes, lambda at: at.value_type),
+                                           F.lit(" value for "), name_col)))
+    return PreparedTransaction(tx.select(*exprs, problem.alias(_PROBLEM)), attributes, None, False)
+
+
+def _per_attribute(name: Column, attributes: list[Attribute], value: Callable[[Attribute], Any]) -> Column:
+    """``value`` of the attribute each row names in ``name`` (NULL for a row naming none of them)."""
+    column = None
+    for attribute in attributes:
+        named, result = name == str(attribute.name), F.lit(value(attribute))
+        column = F.when(named, result) if column is None else column.when(named, result)
+    return column if column is not None else F.lit(None)
+
+
+def _quoted(column: Column) -> Column:
+    """A cell as an error shows it: its text in quotes, or nil."""
+    return F.coalesce(F.concat(F.lit("'"), column.cast("string"), F.lit("'")), F.lit("nil"))
+
+
+def _locate(tx: DataFrame, condition: Column, small: bool) -> str:
+    """The first row of ``tx`` where ``condition`` holds, as an error names it: a small
+    frame's by position and entity, a large one's by entity and value (see the module docs)."""
+    tx.sparkSession.sparkContext.setJobDescription("transaction: the row rejected")
+    e, v = F.col("e").cast("string"), F.col("v").cast("string")
+    if small:
+        rows = tx.select(F.coalesce(condition, F.lit(False)).alias("bad"), e.alias("e")).toArrow().to_pandas()
+        position = _first(rows["bad"])
+        return _row(position, rows["e"][position])
+    row = tx.where(condition).select(e, v).first()
+    return f"entity {row[0]}, value {row[1]!r}"
 
 
 def _fetch_text(tx: DataFrame, schema: Schema, spark: SparkSession) -> WideOps:
     """A small DataFrame whose values are text (what file and socket sources carry), each
     converted by Spark to its attribute's type as in the bulk path, and fetched to the driver.
-    A value that does not convert, a missing one and a missing or invalid entity id reject it."""
-    checked = _from_spark(tx, schema, spark)
+    A value that does not convert, a missing one and a missing or invalid entity id reject
+    it, naming the first rows so (by position and entity)."""
+    checked = _from_spark(tx, schema, spark, small=True)
     frame = checked.frame.toArrow().to_pandas(integer_object_nulls=True)
-    slots = list(SLOT.values())
-    bad = frame["_e_null"] | frame["_added_null"] | frame["_v_null"] | frame[slots].isna().all(axis=1)
+    bad = frame[_PROBLEM].notna()
     if bad.any():
-        messages = []
-        for row in frame[bad].head(_MAX_ERRORS).to_dict("records"):  # the few rows the message names
-            attribute = schema.by_id(row["a"])
-            if row["_e_null"]:
-                messages.append(f"{attribute.name}: missing or invalid entity id")
-            elif row["_added_null"]:
-                messages.append(f"{attribute.name}: entity {row['e']}: missing or invalid value in column added")
-            elif row["_v_null"]:
-                messages.append(f"{attribute.name}: entity {row['e']}: missing value")
-            else:
-                messages.append(f"transaction DataFrame: {row['_v_text']!r} is not a valid {attribute.value_type} "
-                                f"value for {attribute.name} (entity {row['e']})")
+        first = frame[bad].head(_MAX_ERRORS)  # the few rows the message names
+        messages = [f"{_row(i, e)}: {problem}" for i, e, problem in zip(first.index, first["e"], first[_PROBLEM])]
         raise TransactionError(format_errors(messages, int(bad.sum())))
-    return WideOps(frame[["a", "e", "op", *slots]], checked.attributes)
+    return WideOps(frame[["a", "e", "op", *SLOT.values()]], checked.attributes)
 
 
 def _show(op: Any) -> str:
@@ -384,14 +462,10 @@ def _text(expr: str) -> str:
 
 
 def _input_errors(tx_view: str) -> str:
-    """Error rows ``(a, e, err)`` for bulk (Spark) input: missing cells and values of the wrong type."""
-    value_missing = "coalesce(" + ", ".join(f"CAST(`{SLOT[k]}` AS STRING)" for k in Kind) + ") IS NULL"
-    message = ("CASE WHEN `_e_null` THEN 'missing or invalid entity id' "
-               "WHEN `_added_null` THEN 'missing or invalid value in column added' "
-               "WHEN `_v_null` THEN concat('entity ', CAST(`e` AS STRING), ': missing value') "
-               f"WHEN {value_missing} THEN concat('entity ', CAST(`e` AS STRING), ': value ', `_v_text`, "
-               "' has the wrong type for the attribute') END")
-    return f"SELECT * FROM (SELECT `a`, `e`, {message} AS `{ERR}` FROM {tx_view}) WHERE `{ERR}` IS NOT NULL"
+    """Error rows ``(a, e, err)`` for bulk (Spark) input: missing cells and values of the
+    wrong type, named by entity (see the module docs)."""
+    err = f"CASE WHEN `e` IS NULL THEN `{_PROBLEM}` ELSE concat('entity ', CAST(`e` AS STRING), ': ', `{_PROBLEM}`) END"
+    return f"SELECT `a`, `e`, {err} AS `{ERR}` FROM {tx_view} WHERE `{_PROBLEM}` IS NOT NULL"
 
 
 def _current_filter(tx_view: str, attribute: Attribute, entities: list[int] | None) -> str:

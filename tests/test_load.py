@@ -99,11 +99,12 @@ def test_a_value_that_does_not_convert_rejects_the_whole_load(spark, tmp_path):
             db.load(path, entity="id", attributes={":p/name": "name", ":p/age": "age", ":p/active": "active"},
                     options={"header": "true"})
         message = str(info.value)
-        assert ":p/age (column 'age'): 3 rows do not convert to long" in message
-        assert ":p/active (column 'active'): 1 rows do not convert to boolean, e.g. 'maybe'" in message
-        assert "'abc'" in message or "'4.5'" in message or "'x'" in message
+        assert ":p/age (column 'age'): 3 rows not convertible to long" in message
+        assert ":p/active (column 'active'): 1 row not convertible to boolean, e.g. 'maybe' (entity 3)" in message
+        assert any(example in message for example in ("'abc' (entity 2)", "'4.5' (entity 3)", "'x' (entity 4)"))
         assert db.epoch == 0 and facts == set()  # nothing applied
-        with pytest.raises(LoadError, match="entity column 'name'.*non-integer entity id, e.g. 'Ann'"):
+        with pytest.raises(LoadError, match="entity column 'name': 4 rows with a missing or non-integer entity id, "
+                                            "e.g. 'Ann'"):
             db.load(path, entity="name", attributes={":p/age": "id"}, options={"header": "true"})
         with pytest.raises(LoadError, match="no column 'nope'"):
             db.load(path, attributes={":p/age": "nope"}, options={"header": "true"})

@@ -4,8 +4,11 @@
 reads ``path`` with ``spark.read.format(format).options(**options).load(path)``, converts the
 entity column to entity ids and each mapped column to its attribute's type
 (:func:`typed_column`), and checks every conversion in one Spark job: a value that does not
-convert rejects the load (:class:`LoadError` naming the attribute, the column, an example
-value and how many rows), as does a missing or non-integer entity id. NULL cells are
+convert rejects the load (:class:`LoadError` naming the attribute, the column, how many
+rows, and an example value with its entity), as does a missing or non-integer entity id
+(naming an example). Rows are named by their entity, not by their position: a source
+Spark reads has no row order it keeps across jobs (files are listed and split in any
+order), and numbering the rows would cost a pass over all of them. NULL cells are
 skipped (no fact). The typed columns are then unpivoted into one ``(e, a, v)`` frame (the
 values as text when the attributes' kinds differ, which the transaction converts back
 exactly) and applied with one :meth:`Engine.transact`: one epoch, all or nothing.
@@ -25,6 +28,7 @@ from pyspark.sql import types as T
 from factflow.engine.session import label_jobs
 from factflow.errors import LoadError, UnknownAttributeError
 from factflow.model.types import Kind, kind_of_type, spark_type
+from factflow.text import plural
 
 if TYPE_CHECKING:  # pragma: no cover
     from factflow.engine.engine import Engine
@@ -115,15 +119,17 @@ def load(db: "Engine", path: str | Sequence[str], format: str = "csv", entity: s
         value = typed_column(raw, source, attribute.value_type)
         bad = raw.isNotNull() & value.isNull()
         checks += [F.count(raw).alias(f"n{i}"), F.count(F.when(bad, 1)).alias(f"bad{i}"),
-                   F.first(F.when(bad, raw.cast("string")), ignorenulls=True).alias(f"example{i}")]
+                   F.first(F.when(bad, F.struct(raw.cast("string").alias("value"), e.alias("entity"))),
+                           ignorenulls=True).alias(f"example{i}")]
         typed.append(value)
-    spark.sparkContext.setJobDescription(f"load {path}: check {len(resolved)} columns")
+    spark.sparkContext.setJobDescription(f"load {path}: check {plural(len(resolved), 'column')}")
     summary = frame.agg(*checks).first()
     if summary["e_bad"]:
-        raise LoadError(f"load {path}: entity column {entity!r}: {summary['e_bad']} rows have a missing or "
-                        f"non-integer entity id, e.g. {summary['e_example']!r}")
-    errors = [f"{attribute.name} (column {name!r}): {summary[f'bad{i}']} rows do not convert to "
-              f"{attribute.value_type}, e.g. {summary[f'example{i}']!r}"
+        raise LoadError(f"load {path}: entity column {entity!r}: {plural(summary['e_bad'], 'row')} with a missing "
+                        f"or non-integer entity id, e.g. {summary['e_example']!r}")
+    errors = [f"{attribute.name} (column {name!r}): {plural(summary[f'bad{i}'], 'row')} not convertible to "
+              f"{attribute.value_type}, e.g. {summary[f'example{i}']['value']!r} (entity "
+              f"{summary[f'example{i}']['entity']})"
               for i, (attribute, name) in enumerate(resolved) if summary[f"bad{i}"]]
     if errors:
         raise LoadError(f"load {path} rejected, nothing applied: {'; '.join(errors)}")

@@ -301,6 +301,9 @@ def test_a_rejected_spark_transaction_names_its_row_or_else_its_entity_and_chang
          "entity id must be a 64-bit integer, got 'x1' (for :p/age value '31')"),
         ([(1, ":p/age", 30, True), (2, ":p/age", 31, False)], "e long, a string, v long, adde boolean",
          "1 unknown column: 'adde'", "1 unknown column: 'adde'"),
+        ([(1.0, ":p/age", 30), (2.5, ":p/age", 31)], "e double, a string, v long",  # never truncated to entity 2
+         "row 0: entity id must be a 64-bit integer, got 1.0",  # fetched: checked as pandas values are
+         "entity id must be a 64-bit integer, got '2.5' (for :p/age value '31')"),
     ]
     for limit in (100, 1):  # two rows: small under a limit of 100, large (Spark's bulk path) under 1
         with Engine(spark=spark, config=EngineConfig(local_limit=limit)) as db:

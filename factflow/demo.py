@@ -219,9 +219,11 @@ def run_demo(data: str | None = None, master: str | None = None, out=sys.stdout,
     say("   How each query is joined (strategy and why):")
     for name, q in queries.items():
         say(f"   {name:17s} {_strategy(q)}")
-    say("   The whole plan of a query: print(db.queries[NAME].explain()) on the engine run_demo()")
-    say("   returns, or `factflow explain URL NAME` for a query on a server. `factflow -v demo`")
-    say("   logs every epoch's Spark jobs.")
+    say("   The whole plan of a query is q.explain() (about 35 lines for friend-triangles), e.g.")
+    say("     .venv/bin/python -c \"from factflow.demo import run_demo; "
+        "print(run_demo().queries['friend-triangles'].explain())\"")
+    say("   or `factflow explain URL NAME` for a query on a server; `factflow -v demo` logs every")
+    say("   epoch's Spark jobs.")
     say(f"done in {time.perf_counter() - started:.0f}s")
     return db
 

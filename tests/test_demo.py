@@ -50,7 +50,7 @@ def test_the_demo_tells_its_story(spark):
     assert "explain()" in summary, summary  # ... says how to see the whole plan ...
     for dump in ("plan:", "pipeline", "Scan [", "Distinct (", "conjunctions:"):  # ... and dumps none
         assert dump not in text, text
-    assert len(summary.strip().splitlines()) <= 15, summary
+    assert len(summary.strip().splitlines()) <= 20, summary  # a summary, not the 35-line plan
 
 
 def test_the_server_demo_shows_two_clients_sharing_one_query(spark):

@@ -1,7 +1,7 @@
 """Event time: the frontier, and the transactions buffered for the times still open.
 
 An engine created with ``Engine(time="event")`` numbers its epochs by the times its
-transactions carry instead of by arrival (see the README, "Event time and history"):
+transactions carry instead of by arrival (see docs/event-time-and-history.md):
 
 * ``transact(tx, time=T)`` checks the transaction as far as it can without the state
   (operations, attributes, value types, and conflicts: below) and *buffers* it for time

@@ -217,10 +217,10 @@ def test_a_reinstalled_sink_continues_after_a_restart_without_writing_an_epoch_t
         for _ in range(2):
             stream.step()
         assert q.flush(timeout=120)
+        final = db.epoch
     finally:
         db.close()
     check_snapshot(spark, snap, FRIENDS, stream)
-    final = db.epoch
     observed = ([installed] + list(range(installed + 1, written + 1)) + [reinstalled]
                 + list(range(reinstalled + 1, final + 1)))
     assert by_epoch(read_sink(spark, out).collect(), COLUMNS[FRIENDS]) == expected_changes(stream, FRIENDS, start,
@@ -239,12 +239,13 @@ def test_a_reinstalled_sink_continues_after_a_restart_without_writing_an_epoch_t
         assert list(db.queries) == [q.name]
         stream.step()
         assert q.flush(timeout=120)
+        final = db.epoch
     finally:
         db.close()
-    observed.append(db.epoch)
+    observed.append(final)
     rows = read_sink(spark, out).collect()
     assert by_epoch(rows, COLUMNS[FRIENDS]) == expected_changes(stream, FRIENDS, start, observed)
-    assert summed(rows, COLUMNS[FRIENDS]) == stream.history[db.epoch][FRIENDS]
+    assert summed(rows, COLUMNS[FRIENDS]) == stream.history[final][FRIENDS]
     fresh = Engine(spark=spark)
     try:
         Stream(fresh, seed=0)
@@ -404,6 +405,7 @@ def test_a_streaming_query_reads_each_epoch_of_a_sink_once_and_whole(spark, tmp_
             reader.processAllAvailable()
         q.close()
         reader.processAllAvailable()
+        final = db.epoch
     finally:
         if reader is not None:
             reader.stop()
@@ -415,7 +417,7 @@ def test_a_streaming_query_reads_each_epoch_of_a_sink_once_and_whole(spark, tmp_
     for batch in batches:  # and whole: an epoch's rows all come in one micro-batch
         for epoch, changes in by_epoch(batch, COLUMNS[FRIENDS]).items():
             assert changes == on_disk[epoch]
-    assert summed(rows, COLUMNS[FRIENDS]) == stream.history[db.epoch][FRIENDS]
+    assert summed(rows, COLUMNS[FRIENDS]) == stream.history[final][FRIENDS]
     assert len(on_disk) > 1
     assert (installed in on_disk) == bool(start)
 
@@ -447,9 +449,10 @@ def test_a_durable_query_brings_its_sinks_back_after_a_restart(spark, tmp_path):
         for _ in range(3):
             stream.step()
         assert q.flush(timeout=120)
+        final = db.epoch
     finally:
         db.close()
     for path, first, result in ((out, installed, start), (extra, extra_installed, extra_start)):
-        observed = [first] + list(range(first + 1, db.epoch + 1))
+        observed = [first] + list(range(first + 1, final + 1))
         assert by_epoch(read_sink(spark, path).collect(), COLUMNS[FRIENDS]) == \
             expected_changes(stream, FRIENDS, result, observed), path

@@ -145,7 +145,8 @@ def test_ingest_refuses_what_it_cannot_apply(engine, spark, tmp_path):
     checkpoint = str(tmp_path / "ck")
     cases = [(spark.createDataFrame([(1, ":s/name", "A")], "e long, a string, v string"), "streaming DataFrame"),
              (stream.withColumnRenamed("v", "value"), r"lacks 1 column: v"),
-             (stream.withColumn("t", stream["e"]), r"column t \(event time\)")]
+             (stream.withColumn("t", stream["e"]), r"column t \(event time\)"),
+             (stream.withColumn("addded", stream["e"] > 0), r"has 1 unknown column: 'addded'")]
     for frame, message in cases:
         with pytest.raises(IngestError, match=message):
             engine.ingest(frame, source="s", checkpoint=checkpoint)

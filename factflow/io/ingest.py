@@ -2,7 +2,9 @@
 
 ``db.ingest(stream, source=NAME, checkpoint=PATH)`` starts a ``foreachBatch`` query on the
 streaming DataFrame ``stream`` (columns ``e``, ``a``, ``v`` and optionally ``added``, a
-boolean or its text, NULL meaning an assertion; other columns are ignored) with
+boolean or its text, NULL meaning an assertion; in event time ``t``; any other column is
+refused by name, as a transaction's would be: a misspelt ``added`` must not turn
+retractions into assertions) with
 Spark's checkpoint in ``PATH``. Batch ``N`` is applied as
 ``db.transact(batch, source=NAME, offset=N)``: one epoch, recorded with its offset (see
 :mod:`factflow.engine.offsets`), so a batch Spark replays after a restart (the same id,
@@ -84,6 +86,11 @@ def ingest(db: "Engine", stream: DataFrame, source: str, checkpoint: str, on_err
         raise IngestError(f"ingest {source}: the stream lacks {plural(len(missing), 'column')}: {', '.join(missing)} "
                           f"(it has {', '.join(stream.columns)})")
     event = db.time == "event"
+    unknown = [c for c in stream.columns if c not in ("e", "a", "v", "added", "t")]
+    if unknown:
+        raise IngestError(f"ingest {source}: the stream has {plural(len(unknown), 'unknown column')}: "
+                          f"{', '.join(map(repr, unknown))} (factflow reads e, a, v, added and, in event time, t; "
+                          "select those first)")
     if event != ("t" in stream.columns):
         raise IngestError(f"ingest {source}: " + ("an engine in event time needs a column t with each fact's time"
                                                   if event else "column t (event time) needs Engine(time='event')"))

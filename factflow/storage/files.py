@@ -15,6 +15,7 @@ import os
 import zlib
 
 from factflow.errors import CorruptStateError, StateLockedError
+from factflow.text import plural
 
 __all__ = ["fsync_dir", "fsync_file", "write_atomic", "file_crc32", "verify_file", "DirectoryLock",
            "canonical_json", "sealed_json", "open_sealed_json"]
@@ -76,7 +77,7 @@ def verify_file(path: str, size: int, crc32: int) -> None:
     except FileNotFoundError:
         raise CorruptStateError(f"{path} is missing") from None
     if found_size != size:
-        raise CorruptStateError(f"{path} has {found_size} bytes where {size} were written")
+        raise CorruptStateError(f"{path} has {plural(found_size, 'byte')} where {size:,} were written")
     if found_crc != crc32:
         raise CorruptStateError(f"{path} fails its checksum (CRC32 {found_crc:08x}, written {crc32:08x})")
 

@@ -56,6 +56,7 @@ from typing import Iterator
 
 from factflow.errors import CorruptStateError, StateVersionError, StorageError
 from factflow.storage.files import fsync_dir, open_sealed_json, sealed_json, write_atomic
+from factflow.text import plural
 
 __all__ = ["LogRecord", "LogDamage", "WriteAheadLog", "FORMAT_VERSION"]
 
@@ -86,7 +87,7 @@ class LogRecord:
         text = json.dumps(meta, sort_keys=True, separators=(",", ":")).encode()
         payload = b"".join([_META.pack(len(text)), text, *self.blobs])
         if len(payload) > _MAX_RECORD:
-            raise StorageError(f"a log record of {len(payload)} bytes is larger than the log's 4 GiB limit")
+            raise StorageError(f"a log record of {plural(len(payload), 'byte')} is larger than the log's 4 GiB limit")
         head = _FRAME[1].pack(len(payload), zlib.crc32(payload))
         return head + _CRC.pack(zlib.crc32(head)) + payload
 
@@ -207,7 +208,7 @@ class WriteAheadLog:
         at = end if end is not None else 0
         self._valid = None
         raise LogDamage(where, last or segment, at,
-                        f"the log ends here, but the engine that closed it had written {size} bytes of "
+                        f"the log ends here, but the engine that closed it had written {plural(size, 'byte')} of "
                         f"{self.path(segment)} (the log was cut after it was closed)", [], closed)
 
     def _read(self, number: int, last: bool) -> Iterator[tuple[int, LogRecord]]:
@@ -217,7 +218,7 @@ class WriteAheadLog:
         problem = _header_problem(data[:_HEADER_SIZE], number)
         if problem is not None:
             if last and (len(data) <= _HEADER_SIZE or not any(data)):
-                self._valid = (number, 0, f"{path}: torn segment header ({len(data)} bytes) rewritten")
+                self._valid = (number, 0, f"{path}: torn segment header ({plural(len(data), 'byte')}) rewritten")
                 return
             if problem.startswith("version"):
                 raise StateVersionError(f"{path}: {problem}")
@@ -232,7 +233,7 @@ class WriteAheadLog:
                 continue
             if damage.torn and last:
                 self._valid = (number, position, f"{path}: torn tail ({damage.reason} at byte {position}, "
-                                                 f"{len(data) - position} bytes dropped)")
+                                                 f"{plural(len(data) - position, 'byte')} dropped)")
                 return
             raise LogDamage(path, number, position, damage.reason + (" (not the end of the log)" if not last else ""),
                             self.records_after(number, position))
@@ -396,7 +397,7 @@ def _header(number: int) -> bytes:
 
 def _header_problem(head: bytes, number: int) -> str | None:
     if len(head) < _HEADER_SIZE:
-        return f"segment header cut short ({len(head)} bytes)"
+        return f"segment header cut short ({plural(len(head), 'byte')})"
     magic, version, found = _HEADER.unpack_from(head)
     if magic != _MAGIC or zlib.crc32(head[:_HEADER.size]) != _CRC.unpack_from(head, _HEADER.size)[0]:
         return "not a factflow log segment (bad magic or header checksum)"
@@ -419,7 +420,7 @@ def _frame_at(data: bytes, position: int, version: int) -> tuple[LogRecord | Non
     start = position + frame.size
     end = start + fields[0]
     if end > len(data):
-        return None, 0, f"a record of {fields[0]} bytes cut short at {len(data) - start}", True
+        return None, 0, f"a record of {plural(fields[0], 'byte')} cut short at {len(data) - start}", True
     payload = data[start:end]
     if zlib.crc32(payload) != fields[1]:
         return None, 0, "a record failing its checksum", False

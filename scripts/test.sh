@@ -2,7 +2,23 @@
 # One command: set up everything and run the test suite.
 # -v names each test as it starts and gives its result as it ends (the differential tests
 # take a few minutes each); --durations lists the slowest at the end.
+#
+# Without arguments it runs the main suite, then tests/cluster (a Spark standalone cluster
+# and an S3 server on this machine) in a second pytest process: PySpark allows one
+# SparkContext per process, and the main suite's is a local one. It fails if either run
+# fails. With arguments it runs one pytest with them, e.g. `bash scripts/test.sh tests/cluster`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-exec .venv/bin/python -m pytest -v --durations=20 "$@"
+if [[ $# -gt 0 ]]; then
+  exec .venv/bin/python -m pytest -v --durations=20 "$@"
+fi
+main=0
+.venv/bin/python -m pytest -v --durations=20 || main=$?
+cluster=0
+.venv/bin/python -m pytest -v --durations=10 tests/cluster || cluster=$?
+if [[ $main -ne 0 ]]; then
+  echo "test.sh: the main suite failed (pytest exit status $main)" >&2
+  exit "$main"
+fi
+exit "$cluster"

@@ -114,7 +114,7 @@ def test_a_checkpoint_without_slack_fields_still_opens(spark, tmp_path):
     """A manifest written before slack existed lists attributes as [name, type, semantics]."""
     store = StateStore(str(tmp_path))
     frame = pd.DataFrame({"e": [1, 2], "v": [10, 20], "_diff": [1, 1]})
-    files = CheckpointFiles(Kind.LONG, lambda d, p: [write_table(from_pandas(frame, Kind.LONG), f"{d}/{p}part-00000.parquet")])
+    files = CheckpointFiles(Kind.LONG, lambda d, p: [write_table(from_pandas(frame, Kind.LONG), d, f"{p}part-00000.parquet")])
     store.write_checkpoint(3, store.begin_checkpoint(), [(":old/x", "long", "set")], [], [], {}, {0: files})
     store.close()
     with Engine(spark=spark, state_dir=str(tmp_path)) as db:

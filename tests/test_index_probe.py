@@ -8,12 +8,14 @@ must match rows by their key, the hash only narrows the search.
 from __future__ import annotations
 
 import datetime as dt
+import os
 
 import pyarrow as pa
 import pytest
 
 from factflow.arrangement.index import KEY_HASH, PROBE_HASH, Probe, ProbeChain, arrow_schema, long_hash
 from factflow.model.types import Kind
+from factflow.storage.location import Location
 
 TRACE = [("e", Kind.LONG), ("v", Kind.STRING)]
 TRACE_SCHEMA = arrow_schema(TRACE + [("_t", Kind.LONG), ("_diff", Kind.LONG)])
@@ -51,7 +53,8 @@ def run(spec: Probe | ProbeChain, table: pa.Table) -> list[tuple]:
 
 
 def probe(paths, local=(), how="inner", present=False, as_of=10, values=(("v", "w"),)):
-    return Probe(paths=list(paths), local=list(local), trace_schema=TRACE_SCHEMA,
+    return Probe(files=[(Location(os.path.dirname(p)), os.path.basename(p)) for p in paths], local=list(local),
+                 trace_schema=TRACE_SCHEMA,
                  prefix_columns=[("k", Kind.LONG), ("_diff", Kind.LONG)], hash_on=[("k", "e")],
                  join_on=[("k", "e")], values=list(values), as_of=as_of, how=how, present=present)
 
@@ -116,7 +119,7 @@ def test_string_and_instant_keys_of_any_content(tmp_path):
     path = str(tmp_path / "s.arrow")
     with pa.ipc.new_file(path, table.schema) as writer:
         writer.write_table(table)
-    spec = Probe(paths=[path], local=[], trace_schema=schema, prefix_columns=columns + [("_diff", Kind.LONG)],
+    spec = Probe(files=[(Location(os.path.dirname(path)), os.path.basename(path))], local=[], trace_schema=schema, prefix_columns=columns + [("_diff", Kind.LONG)],
                  hash_on=[("k", "e")], join_on=[("k", "e")], values=[("v", "when")], as_of=5)
     got = run(spec, prefix([(k, 1) for k in keys] + [("absent", 1)], columns))
     assert got == sorted((k, 1, when, 1) for k in keys)
@@ -138,7 +141,7 @@ def test_a_chain_probes_the_product_of_the_probe_before(tmp_path):
         writer.write_table(table)
 
     def hop(columns, key):
-        return Probe(paths=[path], local=[], trace_schema=schema, prefix_columns=columns + [("_diff", Kind.LONG)],
+        return Probe(files=[(Location(os.path.dirname(path)), os.path.basename(path))], local=[], trace_schema=schema, prefix_columns=columns + [("_diff", Kind.LONG)],
                      hash_on=[(key, "e")], join_on=[(key, "e")], values=[("v", chr(ord(key) + 1))], as_of=5)
 
     first, second = hop([("a", Kind.LONG)], "a"), hop([("a", Kind.LONG), ("b", Kind.LONG)], "b")

@@ -7,6 +7,7 @@ from factflow import FactflowError
 from factflow.arrangement.batch import Batch, Layout
 from factflow.arrangement.trace import MergePolicy, Trace
 from factflow.model.types import Kind
+from factflow.storage.location import Location
 
 LAYOUT = Layout((("e", Kind.LONG), ("v", Kind.STRING)), ("e",))
 
@@ -133,7 +134,7 @@ def test_truncate_undoes_an_epoch(spark):
 
 def stored_trace(spark, tmp_path, epochs):
     """A trace of ``epochs`` one-row epochs whose merges need Spark (local_limit 1)."""
-    trace = make(spark, local_limit=1, factor=2, directory=str(tmp_path))
+    trace = make(spark, local_limit=1, factor=2, directory=Location(str(tmp_path)))
     for epoch in range(1, epochs + 1):
         trace.append_pandas(rows((epoch, f"v{epoch}", 1)), epoch)
     return trace
@@ -171,7 +172,7 @@ def test_a_stored_merge_of_a_changed_trace_is_thrown_away(spark, tmp_path):
 
 
 def test_a_stored_merge_writes_missing_index_files(spark, tmp_path):
-    trace = make(spark, local_limit=1, factor=2, directory=str(tmp_path))
+    trace = make(spark, local_limit=1, factor=2, directory=Location(str(tmp_path)))
     frame = spark.createDataFrame([(1, "a", 1, 1), (2, "b", 1, 1), (3, "c", 1, 1)], "e long, v string, _t long, _diff long")
     trace.append(trace.materialize(frame, 1, 2))
     assert trace.batches[0].index is None
@@ -203,7 +204,7 @@ def test_a_stored_merge_writes_its_batch_and_index_files_in_one_job(spark, tmp_p
     assert stored.commit() == 2
     merged = trace.batches[0]
     assert not merged.is_local and merged.rows == 3 and merged.index_paths
-    files = [pa.ipc.open_file(p).read_all() for p in merged.index_paths]
+    files = [pa.ipc.open_file(merged.index.file(p)).read_all() for p in merged.index_paths]
     assert all((f.column("_h").to_numpy()[1:] >= f.column("_h").to_numpy()[:-1]).all() for f in files)
     table = pa.concat_tables(files)
     assert sorted(zip(table.column("e").to_pylist(), table.column("v").to_pylist())) == [
@@ -214,7 +215,7 @@ def test_a_stored_merge_writes_its_batch_and_index_files_in_one_job(spark, tmp_p
 def test_a_merge_that_turns_out_small_keeps_no_index_files(spark, tmp_path):
     """Retractions can consolidate a merge to a batch small enough for the driver: the index
     files its job wrote are deleted."""
-    trace = make(spark, local_limit=1, factor=2, directory=str(tmp_path))
+    trace = make(spark, local_limit=1, factor=2, directory=Location(str(tmp_path)))
     trace.append_pandas(rows((1, "a", 1), (2, "b", 1)), 1)
     trace.append_pandas(rows((1, "a", -1), (3, "c", 1)), 2)
     trace.append_pandas(rows((3, "c", -1)), 3)
@@ -239,7 +240,7 @@ def test_a_failed_indexed_checkpoint_leaves_no_files(spark, tmp_path, monkeypatc
     monkeypatch.setattr(batch, "write_index", failing)
     frame = spark.createDataFrame([(1, "a", 1, 1)], "e long, v string, _t long, _diff long")
     with pytest.raises(RuntimeError, match="task failed"):
-        batch.checkpoint_indexed(frame, ("e",), str(tmp_path / "index"))
+        batch.checkpoint_indexed(frame, ("e",), Location(str(tmp_path / "index")))
     assert not (tmp_path / "index").exists()
 
 

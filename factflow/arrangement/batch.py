@@ -42,6 +42,7 @@ from factflow.arrangement.index import arrow_schema, remove_index, write_index
 from factflow.arrangement.views import drop_view, one_partition, register_view
 from factflow.model.frames import INLINE_ROWS, spark_frame, values_sql
 from factflow.model.types import Kind, spark_type
+from factflow.storage.location import Location
 
 __all__ = ["Layout", "Batch", "TIME", "DIFF", "local_relation"]
 
@@ -129,10 +130,11 @@ def checkpoint(frame: DataFrame) -> tuple[DataFrame, int]:
     return stored, stored._jdf.queryExecution().toRdd().count()
 
 
-def checkpoint_indexed(frame: DataFrame, key: tuple[str, ...], directory: str) -> tuple[DataFrame, int, list[str]]:
+def checkpoint_indexed(frame: DataFrame, key: tuple[str, ...],
+                       directory: Location) -> tuple[DataFrame, int, list[str]]:
     """:func:`checkpoint` and :func:`~factflow.arrangement.index.write_index` in one Spark
     job: the index files are written from the rows the job stores. Returns the stored
-    frame, its row count and the paths of its index files; a failed job leaves neither
+    frame, its row count and the names of its index files; a failed job leaves neither
     blocks nor files behind."""
     stored = frame.localCheckpoint(eager=False)
     try:
@@ -167,8 +169,8 @@ class Batch:
         self._arrow: pa.Table | None = None
         self._spark = spark
         self._layout = layout
-        self.index: str | None = None  # directory of the sorted index files (stored batches)
-        self.index_paths: list[str] = []
+        self.index: Location | None = None  # directory of the sorted index files (stored batches)
+        self.index_paths: list[str] = []  # their names in it
         self.view = register_view(frame, lasting=True) if rows and frame is not None else None
         self._relation: str | None = None  # SQL reading a local batch, once read
         self._pins = 0
@@ -203,7 +205,7 @@ class Batch:
             self._arrow = pa.Table.from_pandas(self.local, schema=layout.arrow_schema(), preserve_index=False)
         return self._arrow
 
-    def write_index(self, key: tuple[str, ...], directory: str) -> None:
+    def write_index(self, key: tuple[str, ...], directory: Location) -> None:
         """Write this stored batch's sorted index files (once, whichever thread asks first; a
         Spark job)."""
         with self._indexing:
@@ -220,9 +222,9 @@ class Batch:
 
     @classmethod
     def from_checkpoint(cls, frame: DataFrame, rows: int, lower: int, upper: int,
-                        stored: DataFrame | None = None, index: tuple[str, list[str]] | None = None) -> "Batch":
+                        stored: DataFrame | None = None, index: tuple[Location, list[str]] | None = None) -> "Batch":
         """A batch over ``frame``, read from ``stored`` (made by :func:`checkpoint`; default
-        ``frame``); ``index``: the directory and paths of its index files, if written already."""
+        ``frame``); ``index``: the directory and names of its index files, if written already."""
         batch = cls(lower, upper, rows, frame, stored=frame if stored is None else stored)
         if index is not None:
             batch.index, batch.index_paths = index

@@ -32,8 +32,6 @@ can read from shared storage.
 
 from __future__ import annotations
 
-import os
-import shutil
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
@@ -46,6 +44,8 @@ from pyspark.sql import types as T
 
 from factflow import workers
 from factflow.model.types import Kind, spark_type
+from factflow.storage.cache import local_file
+from factflow.storage.location import Location
 
 __all__ = ["KEY_HASH", "PROBE_HASH", "TRACE_DIFF", "hash_sql", "long_hash", "write_index", "remove_index", "Probe",
            "ProbeChain",
@@ -83,24 +83,24 @@ def hash_sql(columns: Sequence[str]) -> str:
 
 # ------------------------------------------------------------------ writing
 
-def write_index(frame: DataFrame, key: Sequence[str], directory: str) -> tuple[list[str], int]:
-    """Write ``frame`` (a stored batch) as sorted index files under ``directory``, one Spark
-    job; returns the paths of the files written (partitions without rows write none) and
+def write_index(frame: DataFrame, key: Sequence[str], directory: Location) -> tuple[list[str], int]:
+    """Write ``frame`` (a stored batch) as sorted index files in ``directory``, one Spark
+    job; returns the names of the files written (partitions without rows write none) and
     the rows they hold.
 
     Each task sorts its rows by ``_h`` itself (numpy): a Spark sort before the hand-over
     to Python cost more than the rest of the job's work on a partition."""
-    os.makedirs(directory, exist_ok=True)
+    directory.makedirs()
     hashed = frame.selectExpr("*", f"{hash_sql(key)} AS `{KEY_HASH}`")
-    written = hashed.mapInArrow(_IndexWriter(directory), "path STRING, rows BIGINT").collect()
-    return sorted(r["path"] for r in written if r["rows"]), sum(r["rows"] for r in written)
+    written = hashed.mapInArrow(_IndexWriter(directory), "name STRING, rows BIGINT").collect()
+    return sorted(r["name"] for r in written if r["rows"]), sum(r["rows"] for r in written)
 
 
 class _IndexWriter:
     """The task side of :func:`write_index`: one file per partition, sorted by ``_h``,
-    written then renamed."""
+    written whole through the directory's :class:`Location`."""
 
-    def __init__(self, directory: str):
+    def __init__(self, directory: Location):
         self.directory = directory
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -109,22 +109,21 @@ class _IndexWriter:
         workers.prepare()
         context = TaskContext.get()
         part = context.partitionId() if context is not None else 0
-        path = os.path.join(self.directory, f"part-{part:05d}.arrow")
+        name = f"part-{part:05d}.arrow"
         rows = [b for b in batches if b.num_rows]
         if rows:
             # one record batch per file: its hash column then maps to numpy without a copy
             table = pa.Table.from_batches(rows).combine_chunks()
             table = table.take(pa.array(np.argsort(table.column(KEY_HASH).to_numpy(), kind="stable")))
-            with pa.ipc.new_file(path + ".tmp", table.schema) as writer:
+            with self.directory.open_output(name) as stream, pa.ipc.new_file(stream, table.schema) as writer:
                 writer.write_table(table, max_chunksize=max(table.num_rows, 1))
-            os.replace(path + ".tmp", path)
-        yield pa.RecordBatch.from_pydict({"path": [path], "rows": [sum(b.num_rows for b in rows)]},
-                                         schema=pa.schema([("path", pa.string()), ("rows", pa.int64())]))
+        yield pa.RecordBatch.from_pydict({"name": [name], "rows": [sum(b.num_rows for b in rows)]},
+                                         schema=pa.schema([("name", pa.string()), ("rows", pa.int64())]))
 
 
-def remove_index(directory: str) -> None:
+def remove_index(directory: Location) -> None:
     """Delete an index directory written by :func:`write_index`."""
-    shutil.rmtree(directory, ignore_errors=True)
+    directory.remove_tree()
 
 
 # ------------------------------------------------------------------ probing
@@ -132,13 +131,15 @@ def remove_index(directory: str) -> None:
 _opened: "OrderedDict[str, tuple[pa.Table, np.ndarray]]" = OrderedDict()
 
 
-def _open(path: str) -> tuple[pa.Table, np.ndarray]:
-    """An index file memory-mapped, with its hash column as a numpy array (cached per process)."""
+def _open(directory: Location, name: str, cache_bytes: int) -> tuple[pa.Table, np.ndarray]:
+    """An index file memory-mapped (a remote one from this executor's copy, see
+    :mod:`factflow.storage.cache`), with its hash column as a numpy array (cached per process)."""
+    path = directory.file(name)
     found = _opened.get(path)
     if found is not None:
         _opened.move_to_end(path)
         return found
-    table = pa.ipc.open_file(pa.memory_map(path)).read_all()
+    table = pa.ipc.open_file(pa.memory_map(local_file(directory, name, cache_bytes))).read_all()
     hashes = table.column(KEY_HASH).to_numpy()  # one chunk without nulls: no copy
     _opened[path] = (table, hashes)
     while len(_opened) > _OPEN_LIMIT:
@@ -169,7 +170,7 @@ class Probe:
     once, ``_tdiff`` 1) before joining.
     """
 
-    paths: list[str]
+    files: list[tuple[Location, str]]
     local: list[pa.Table]
     trace_schema: pa.Schema
     prefix_columns: list[tuple[str, Kind]]
@@ -180,6 +181,7 @@ class Probe:
     how: str = "inner"
     present: bool = False
     output: list[tuple[str, Kind]] = field(default_factory=list)
+    cache_bytes: int = 4 << 30
 
     def __post_init__(self) -> None:
         kinds = dict(self.prefix_columns)
@@ -221,8 +223,8 @@ class Probe:
         """Trace rows whose key hash is among ``hashes`` (local batches: all their rows)."""
         wanted = np.unique(hashes)
         parts = []
-        for path in self.paths:
-            table, sorted_hashes = _open(path)
+        for directory, name in self.files:
+            table, sorted_hashes = _open(directory, name, self.cache_bytes)
             lo = np.searchsorted(sorted_hashes, wanted, side="left")
             hi = np.searchsorted(sorted_hashes, wanted, side="right")
             counts = hi - lo

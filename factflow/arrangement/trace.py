@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
 from dataclasses import dataclass
 from typing import Callable
 
@@ -45,6 +44,7 @@ from factflow.arrangement.index import remove_index
 from factflow.errors import FactflowError
 from factflow.model.frames import consolidated
 from factflow.model.types import sql_type
+from factflow.storage.location import Location
 
 __all__ = ["MergePolicy", "StoredMerge", "Trace", "TraceHandle"]
 
@@ -59,7 +59,9 @@ class MergePolicy:
     ``factor``: a newer batch is merged into its older neighbour while the neighbour holds
     at most ``factor`` times as many rows. ``local_limit``: merged batches of at most this
     many rows stay on the driver. ``partitions``: partitions of cached batches.
-    ``directory``: where stored batches write their index files (None: not indexed).
+    ``directory``: where stored batches write their index files (None: not indexed), and
+    ``cache_bytes`` how much of them an executor keeps copies of when they are remote (see
+    :mod:`factflow.storage.cache`).
     ``merge_limit`` and ``merge_share``: a merge stops growing before its parts would hold
     more than ``max(merge_limit, rows of the trace // merge_share)`` rows (see
     :meth:`Trace.merge_cap`).
@@ -68,7 +70,8 @@ class MergePolicy:
     factor: int = 2
     local_limit: int = 20_000
     partitions: int = 2
-    directory: str | None = None
+    directory: Location | None = None
+    cache_bytes: int = 4 << 30
     merge_limit: int = 1_000_000
     merge_share: int = 8
 
@@ -96,8 +99,9 @@ class TraceHandle:
         self._check(as_of)
         return self._trace.read(as_of)
 
-    def probe_sources(self, as_of: int) -> tuple[list[str], list[pa.Table]] | None:
-        """What a probe as of ``as_of`` reads: the index files of stored batches and the
+    def probe_sources(self, as_of: int) -> tuple[list[tuple[Location, str]], list[pa.Table]] | None:
+        """What a probe as of ``as_of`` reads: the index files of stored batches (their
+        directories and names) and the
         Arrow rows of local ones; None when the trace holds no stored batch (a SQL join
         over its local batches is then cheaper) or cannot be probed."""
         self._check(as_of)
@@ -111,6 +115,11 @@ class TraceHandle:
     def empty(self) -> str:
         """SQL relation with the trace's columns and no rows."""
         return self._trace.empty()
+
+    @property
+    def cache_bytes(self) -> int:
+        """How many bytes of remote index files an executor keeps copies of (see :class:`MergePolicy`)."""
+        return self._trace.policy.cache_bytes
 
     @property
     def key(self) -> tuple[str, ...]:
@@ -207,16 +216,16 @@ class Trace:
             return self.empty()
         return "(" + " UNION ALL ".join(parts) + ")"
 
-    def probe_sources(self, as_of: int) -> tuple[list[str], list[pa.Table]] | None:
+    def probe_sources(self, as_of: int) -> tuple[list[tuple[Location, str]], list[pa.Table]] | None:
         """See :meth:`TraceHandle.probe_sources`; writes the index of any stored batch
         that has none yet (a Spark job each, normally done by :meth:`maintain`)."""
         readable = [b for b in self.batches if b.lower <= as_of]
         if self.policy.directory is None or all(b.is_local for b in readable):
             return None
         self.index_stored()
-        paths = [p for b in readable if not b.is_local for p in b.index_paths]
+        files = [(b.index, name) for b in readable if not b.is_local for name in b.index_paths]
         local = [b.arrow(self.layout) for b in readable if b.is_local]
-        return paths, local
+        return files, local
 
     def index_stored(self, batches: list[Batch] | None = None) -> None:
         """Write the index files of stored batches (default: this trace's) that have none (a
@@ -226,9 +235,9 @@ class Trace:
                 self.spark.sparkContext.setJobDescription(f"index {self.name} [{b.lower}, {b.upper})")
                 b.write_index(self.layout.index_key, self._index_directory())
 
-    def _index_directory(self) -> str:
+    def _index_directory(self) -> Location:
         """A new directory for the index files of one of this trace's batches."""
-        return os.path.join(self.policy.directory, f"trace-{self._id}", f"batch-{next(self._indexes)}")
+        return self.policy.directory.child(f"trace-{self._id}", f"batch-{next(self._indexes)}")
 
     def batches_between(self, lower: int, upper: int) -> list[Batch]:
         """Batches that hold only times in ``[lower, upper)``."""

@@ -86,11 +86,11 @@ def _spec(cx: EpochContext, handle: TraceHandle, prefix_columns: Sequence[tuple[
     sources = handle.probe_sources(as_of)
     if sources is None:
         return None
-    paths, local = sources
+    files, local = sources
     columns = list(prefix_columns) + [("_diff", Kind.LONG)]
-    return Probe(paths=paths, local=local, trace_schema=handle.layout.arrow_schema(), prefix_columns=columns,
+    return Probe(files=files, local=local, trace_schema=handle.layout.arrow_schema(), prefix_columns=columns,
                  hash_on=[(by_trace[k], k) for k in handle.key], join_on=[(p, trace_of[p]) for p, _ in on],
-                 values=list(values), as_of=as_of, how=how, present=present)
+                 values=list(values), as_of=as_of, how=how, present=present, cache_bytes=handle.cache_bytes)
 
 
 def _hashed(cx: EpochContext, prefix: str, spec: Probe) -> "DataFrame":

@@ -61,6 +61,10 @@ class EngineConfig:
     log have accumulated since the last one, whichever comes first; restarts replay at most
     that much log. ``offset_history``: offsets remembered per source with the epoch that
     applied them (see :mod:`factflow.engine.offsets`).
+
+    ``index_cache_bytes``: when the state directory is on an object store, the index files
+    probes open are copied to each executor's local disk once, and at most this many bytes
+    of copies are kept there (least recently used out; see :mod:`factflow.storage.cache`).
     """
 
     local_limit: int = 20_000
@@ -83,3 +87,4 @@ class EngineConfig:
     checkpoint_interval: int = 1000
     checkpoint_log_bytes: int = 64 << 20
     offset_history: int = 10_000
+    index_cache_bytes: int = 4 << 30

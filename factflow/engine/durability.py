@@ -77,6 +77,7 @@ from factflow.model.types import Kind, spark_type
 from factflow.storage.facts import (
     as_pandas, facts_schema, from_pandas, read_frame, read_tables, write_frame, write_table,
 )
+from factflow.storage.location import Location
 from factflow.storage.store import CheckpointFiles, DroppedLog, FactSource, StateStore
 from factflow.text import plural
 
@@ -163,7 +164,7 @@ class Durability:
 
     # ------------------------------------------------------------ opening
     @classmethod
-    def open(cls, directory: str, state: "EngineState", rules: RuleStore, config: "EngineConfig",
+    def open(cls, directory: Location, state: "EngineState", rules: RuleStore, config: "EngineConfig",
              engine_id: int, accept_data_loss: bool = False) -> "Durability":
         """Open ``directory`` (exclusively) and recover its state into ``state`` and ``rules``;
         damage in the log is refused unless ``accept_data_loss`` (see :meth:`StateStore.recover`)."""
@@ -224,13 +225,13 @@ class Durability:
         unique = len(sources) == 1  # one source holds each (e, v) once
         spark = self.state.spark
         if rows <= self.config.local_limit:
-            tables = [s.table if s.table is not None else read_tables(s.directory, s.files, kind) for s in sources]
+            tables = [s.table if s.table is not None else read_tables(s.location, s.files, kind) for s in sources]
             frame = as_pandas(pa.concat_tables(tables))
             if not unique:
                 frame = consolidated(frame, ["e", "v"], DIFF)
             arrangement.load(frame, epoch)
             return len(frame)
-        frames = [read_frame(spark, s.directory, s.files, kind) for s in sources if s.table is None]
+        frames = [read_frame(spark, s.location, s.files, kind) for s in sources if s.table is None]
         inline = [s.table for s in sources if s.table is not None]
         if inline:
             frames.append(spark_frame(spark, as_pandas(pa.concat_tables(inline)), _facts_struct(kind)))
@@ -398,7 +399,7 @@ class Durability:
         """A function writing the consolidated rows of ``batches`` into a checkpoint directory."""
         spark = self.state.spark
 
-        def write(directory: str, prefix: str) -> list[dict]:
+        def write(directory: Location, prefix: str) -> list[dict]:
             if not batches:
                 return []
             local = [b.local[["e", "v", DIFF]] for b in batches if b.is_local]
@@ -406,7 +407,7 @@ class Durability:
             if not stored:
                 frame = pd.concat(local, ignore_index=True)
                 table = from_pandas(consolidated(frame, ["e", "v"], DIFF), kind)
-                return [write_table(table, f"{directory}/{prefix}part-00000.parquet")] if table.num_rows else []
+                return [write_table(table, directory, f"{prefix}part-00000.parquet")] if table.num_rows else []
             if local:
                 stored.append(spark_frame(spark, pd.concat(local, ignore_index=True), _facts_struct(kind)))
             union = reduce(DataFrame.unionAll, stored)

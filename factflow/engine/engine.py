@@ -21,10 +21,10 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
-import os
 import shutil
 import tempfile
 import threading
+import uuid
 from typing import Any, Callable, Sequence
 
 from pyspark.sql import DataFrame, SparkSession
@@ -47,6 +47,7 @@ from factflow.engine.granularity import Window, window_seconds
 from factflow.engine.group import plan_runs
 from factflow.engine.history import check_slack
 from factflow.engine.preflight import check_task_python
+from factflow.storage.location import Location
 from factflow.engine.install import install
 from factflow.engine.introspection import Introspection
 from factflow.engine.offsets import check_offset
@@ -90,7 +91,10 @@ class Engine:
     source offsets are kept in that directory (created if missing) and recovered when an
     engine opens it again; ``transact`` returns only once its epoch is in the write-ahead
     log (fsync'd), checkpoints are written in the background, and one engine at a time may
-    have the directory open (:class:`factflow.StateLockedError` otherwise). What the
+    have the directory open (:class:`factflow.StateLockedError` otherwise). It is a local
+    path, a path every machine of a cluster shares, or an object store URI (``s3://``,
+    ``gs://``, ``abfs://``, ``hdfs://``) with ``storage_options`` for its client (see
+    :mod:`factflow.storage.location`); the index files of stored batches go there too. What the
     opening recovered is in :attr:`recovery`. Damage that would lose acknowledged epochs (a
     log record failing its checksum with more log after it, a log cut short after a clean
     close) is refused with :class:`factflow.CorruptStateError` naming the file, the byte
@@ -120,7 +124,8 @@ class Engine:
 
     def __init__(self, spark: SparkSession | None = None, master: str | None = None,
                  state_dir: str | None = None, config: EngineConfig | None = None, introspection: bool = False,
-                 time: str = "transaction", accept_data_loss: bool = False):
+                 time: str = "transaction", accept_data_loss: bool = False,
+                 storage_options: dict[str, Any] | None = None):
         if time not in ("transaction", "event"):
             raise FactflowError(f"time must be 'transaction' or 'event', not {time!r}")
         self._holds_session = spark is None
@@ -138,8 +143,10 @@ class Engine:
         partitions = self.config.partitions or int(self.spark.conf.get("spark.sql.shuffle.partitions"))
         self._owns_state_dir = not state_dir
         self.state_dir = state_dir or tempfile.mkdtemp(prefix="factflow-")
+        self.location = Location(self.state_dir, storage_options)
         self.policy = MergePolicy(self.config.merge_factor, self.config.local_limit, partitions,
-                                  os.path.join(self.state_dir, "indexes"), merge_limit=self.config.merge_limit)
+                                  self.location.child("indexes", uuid.uuid4().hex), self.config.index_cache_bytes,
+                                  merge_limit=self.config.merge_limit)
         self._rules = RuleStore()
         self._state = EngineState(self.spark, self.config, self.policy)
         self._state.clock = EventClock() if time == "event" else None
@@ -158,7 +165,7 @@ class Engine:
         self.recovery: RecoveryReport | None = None
         if state_dir:
             try:
-                self._durability = Durability.open(state_dir, self._state, self._rules, self.config, self._id,
+                self._durability = Durability.open(self.location, self._state, self._rules, self.config, self._id,
                                                    accept_data_loss)
             except BaseException:
                 self._state.close()

@@ -5,15 +5,17 @@ facts, as rows ``e`` (int64), ``v`` (the attribute's kind; instants as UTC micro
 timestamps) and ``_diff`` (int64, the multiplicity change). Small sets travel inside log
 records as Arrow IPC streams; large ones are Parquet files (zstd) written by the
 driver (:func:`write_table`) or, for rows held in Spark, by one Spark task per partition
-(:func:`write_frame`). Every file is written under a temporary name, fsync'd and renamed,
-and described by an entry ``{"name", "rows", "size", "crc32"}`` whose checksum is taken
-of the bytes written (the writer computes it, so verifying means reading the file once).
-The caller fsyncs the directory.
+(:func:`write_frame`), and read back on the driver (:func:`read_tables`) or by Spark tasks
+(:func:`read_frame`). Driver and tasks go through the same
+:class:`~factflow.storage.location.Location`, so the files may be on a local disk, a
+shared mount or an object store. Every file is written whole (locally under a temporary
+name, fsync'd and renamed) and described by an entry ``{"name", "rows", "size", "crc32"}``
+whose checksum is taken of the bytes written (the writer computes it, so verifying means
+reading the file once). The caller makes the directory's names durable.
 """
 
 from __future__ import annotations
 
-import os
 import zlib
 from typing import Iterator, Sequence
 
@@ -21,14 +23,16 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 
 from factflow import workers
-from factflow.model.types import Kind, spark_type
-from factflow.storage.files import fsync_dir, write_atomic
+from factflow.errors import CorruptStateError
+from factflow.model.types import Kind, sql_type
+from factflow.storage.files import verify_file
+from factflow.storage.location import Location
+from factflow.text import plural
 
 __all__ = ["facts_schema", "from_pandas", "to_ipc", "from_ipc", "write_table", "write_frame", "read_tables", "read_frame",
-           "as_pandas", "FILE_ENTRY"]
+           "as_pandas", "as_spark_rows", "verify", "FILE_ENTRY"]
 
 DIFF = "_diff"
 #: the Spark schema of the rows :func:`write_frame`'s tasks report
@@ -86,20 +90,38 @@ def from_ipc(data: bytes) -> pa.Table:
     return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
 
 
-def write_table(table: pa.Table, path: str) -> dict:
-    """Write ``table`` as the Parquet file ``path`` (atomically, see :func:`write_atomic`); returns its entry."""
+def write_table(table: pa.Table, location: Location, name: str) -> dict:
+    """Write ``table`` as the Parquet file ``name`` of ``location`` (atomically and durably,
+    see :meth:`Location.write`); returns its entry."""
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink, compression="zstd")
-    data = sink.getvalue()
-    write_atomic(path, data)
-    return {"name": os.path.basename(path), "rows": table.num_rows, "size": data.size, "crc32": zlib.crc32(data)}
+    data = sink.getvalue().to_pybytes()
+    location.write(name, data)
+    return {"name": name, "rows": table.num_rows, "size": len(data), "crc32": zlib.crc32(data)}
+
+
+def verify(location: Location, name: str, size: int, crc32: int) -> None:
+    """Raise :class:`CorruptStateError` naming the file unless ``name`` has ``size`` bytes
+    and checksum ``crc32``."""
+    if location.is_local:
+        verify_file(location.file(name), size, crc32)
+        return
+    try:
+        data = location.read(name)
+    except FileNotFoundError:
+        raise CorruptStateError(f"{location.file(name)} is missing") from None
+    if len(data) != size:
+        raise CorruptStateError(f"{location.file(name)} has {plural(len(data), 'byte')} where {size:,} were written")
+    if zlib.crc32(data) != crc32:
+        raise CorruptStateError(f"{location.file(name)} fails its checksum (CRC32 {zlib.crc32(data):08x}, "
+                                f"written {crc32:08x})")
 
 
 class _TaskWriter:
     """The task side of :func:`write_frame`: the partition's rows as one Parquet file."""
 
-    def __init__(self, directory: str, prefix: str, kind: Kind):
-        self.directory = directory
+    def __init__(self, location: Location, prefix: str, kind: Kind):
+        self.location = location
         self.prefix = prefix
         self.kind = kind
 
@@ -112,39 +134,68 @@ class _TaskWriter:
         rows = [b for b in batches if b.num_rows]
         if rows:
             table = _conform(pa.Table.from_batches(rows), self.kind)
-            entry = write_table(table, os.path.join(self.directory, f"{self.prefix}part-{part:05d}.parquet"))
+            entry = write_table(table, self.location, f"{self.prefix}part-{part:05d}.parquet")
             yield pa.RecordBatch.from_pylist([entry], schema=pa.schema(
                 [("name", pa.string()), ("rows", pa.int64()), ("size", pa.int64()), ("crc32", pa.int64())]))
 
 
-def write_frame(frame: DataFrame, directory: str, prefix: str, kind: Kind) -> list[dict]:
-    """Write ``frame``'s rows ``e, v, _diff`` as Parquet files under ``directory`` (one
-    per non-empty partition, named ``<prefix>part-<n>.parquet``, written by Spark tasks;
-    one Spark job); fsyncs the directory and returns the entries, sorted by name."""
-    os.makedirs(directory, exist_ok=True)
-    written = frame.select("e", "v", DIFF).mapInArrow(_TaskWriter(directory, prefix, kind), FILE_ENTRY).collect()
-    fsync_dir(directory)
+def write_frame(frame: DataFrame, location: Location, prefix: str, kind: Kind) -> list[dict]:
+    """Write ``frame``'s rows ``e, v, _diff`` as Parquet files in ``location`` (one per
+    non-empty partition, named ``<prefix>part-<n>.parquet``, written by Spark tasks through
+    the same :class:`Location`; one Spark job); makes the names durable and returns the
+    entries, sorted by name."""
+    location.makedirs()
+    written = frame.select("e", "v", DIFF).mapInArrow(_TaskWriter(location, prefix, kind), FILE_ENTRY).collect()
+    location.sync()
     return sorted((r.asDict() for r in written), key=lambda entry: entry["name"])
 
 
-def read_tables(directory: str, entries: Sequence[dict], kind: Kind) -> pa.Table:
-    """The rows of the files ``entries`` under ``directory``, read on the driver."""
-    tables = [pq.read_table(os.path.join(directory, e["name"])) for e in entries]
+def _read_table(location: Location, name: str) -> pa.Table:
+    return pq.read_table(pa.py_buffer(location.read(name)))
+
+
+def read_tables(location: Location, entries: Sequence[dict], kind: Kind) -> pa.Table:
+    """The rows of the files ``entries`` of ``location``, read on the driver."""
+    tables = [_read_table(location, e["name"]) for e in entries]
     if not tables:
         return facts_schema(kind).empty_table()
     return pa.concat_tables([_conform(t, kind) for t in tables])
 
 
-def read_frame(spark: SparkSession, directory: str, entries: Sequence[dict], kind: Kind) -> DataFrame:
-    """The rows of the files ``entries`` under ``directory`` as a Spark DataFrame (typed as the engine's traces)."""
-    paths = [os.path.join(directory, e["name"]) for e in entries]
-    frame = spark.read.parquet(*paths)
-    return frame.select(F.col("e").cast("bigint"), F.col("v").cast(spark_type(kind)), F.col(DIFF).cast("bigint"))
+class _TaskReader:
+    """The task side of :func:`read_frame`: the files whose positions a partition holds."""
+
+    def __init__(self, location: Location, names: list[str], kind: Kind):
+        self.location = location
+        self.names = names
+        self.kind = kind
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        workers.prepare()
+        for batch in batches:
+            for position in batch.column(0).to_pylist():
+                table = _conform(_read_table(self.location, self.names[position]), self.kind)
+                yield from as_spark_rows(table).to_batches()
+
+
+def read_frame(spark: SparkSession, location: Location, entries: Sequence[dict], kind: Kind) -> DataFrame:
+    """The rows of the files ``entries`` of ``location`` as a Spark DataFrame (typed as the
+    engine's traces): a task per file reads it through the same :class:`Location`, so no
+    file system connector of Spark's is needed."""
+    names = [e["name"] for e in entries]
+    schema = f"e BIGINT, v {sql_type(kind)}, {DIFF} BIGINT"
+    positions = spark.range(0, len(names), 1, max(1, len(names)))
+    return positions.mapInArrow(_TaskReader(location, names, kind), schema)
+
+
+def as_spark_rows(table: pa.Table) -> pa.Table:
+    """Rows read from disk as Spark reads them back: instants as naive UTC timestamps."""
+    v = table.schema.field("v").type
+    if pa.types.is_timestamp(v) and v.tz is not None:
+        table = table.set_column(1, "v", table.column("v").cast(pa.timestamp("us")))
+    return table
 
 
 def as_pandas(table: pa.Table) -> pd.DataFrame:
     """Rows read from disk as a driver frame (instants as naive UTC, as the engine's batches hold them)."""
-    v = table.schema.field("v").type
-    if pa.types.is_timestamp(v) and v.tz is not None:
-        table = table.set_column(1, "v", table.column("v").cast(pa.timestamp("us")))
-    return table.to_pandas()
+    return as_spark_rows(table).to_pandas()

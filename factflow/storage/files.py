@@ -18,7 +18,7 @@ from factflow.errors import CorruptStateError, StateLockedError
 from factflow.text import plural
 
 __all__ = ["fsync_dir", "fsync_file", "write_atomic", "file_crc32", "verify_file", "DirectoryLock",
-           "canonical_json", "sealed_json", "open_sealed_json"]
+           "canonical_json", "sealed_json", "open_sealed_json", "unseal"]
 
 _CHUNK = 1 << 20
 
@@ -93,13 +93,23 @@ def sealed_json(body: dict) -> bytes:
 
 
 def open_sealed_json(path: str) -> dict:
-    """The body of a file written with :func:`sealed_json`; :class:`CorruptStateError`
+    """The body of a local file written with :func:`sealed_json`; :class:`CorruptStateError`
     naming the file if it is unreadable or fails its checksum."""
     try:
         with open(path, "rb") as handle:
-            document = json.loads(handle.read())
+            data = handle.read()
+    except OSError as exc:
+        raise CorruptStateError(f"{path} is not a readable factflow file: {exc}") from None
+    return unseal(data, path)
+
+
+def unseal(data: bytes, path: str) -> dict:
+    """The body of the contents ``data`` of a file written with :func:`sealed_json`;
+    :class:`CorruptStateError` naming ``path`` if they do not parse or fail the checksum."""
+    try:
+        document = json.loads(data)
         body, crc = document["body"], document["crc32"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError) as exc:
         raise CorruptStateError(f"{path} is not a readable factflow file: {exc}") from None
     if zlib.crc32(canonical_json(body)) != crc:
         raise CorruptStateError(f"{path} fails its checksum")

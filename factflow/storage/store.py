@@ -1,10 +1,12 @@
 """A durable engine's state directory: what is where, recovery, and the log and checkpoints written to it.
 
-Layout (docs/storage.md describes every file)::
+The directory is a :class:`~factflow.storage.location.Location`: a local path, a path every
+machine shares, or an object store. Layout (docs/storage.md describes every file)::
 
     FORMAT                          sealed JSON: format name and version
-    LOCK                            flock'd by the engine that has the directory open
-    wal/<segment>.log               the write-ahead log (:mod:`.wal`)
+    LOCK                            flock'd (or, on an object store, leased) by the engine that has it open
+    wal/<segment>.log               the write-ahead log (:mod:`.wal`; on an object store one record each)
+    wal/closed.json                 where the log ended when it was last closed cleanly
     wal/bulk-<epoch>/a<id>-part-<n>.parquet
                                     large changes of one epoch, referenced by its record
     checkpoints/<epoch>/a<id>-part-<n>.parquet
@@ -26,9 +28,7 @@ from __future__ import annotations
 
 import base64
 import logging
-import os
 import re
-import shutil
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -38,10 +38,9 @@ from pyspark.sql import DataFrame
 
 from factflow.errors import CorruptStateError, StateVersionError
 from factflow.model.types import Kind
-from factflow.storage.facts import from_ipc, to_ipc, write_frame
-from factflow.storage.files import (
-    DirectoryLock, bytes_under, fsync_dir, open_sealed_json, sealed_json, verify_file, write_atomic,
-)
+from factflow.storage.facts import from_ipc, to_ipc, verify, write_frame
+from factflow.storage.files import sealed_json, unseal
+from factflow.storage.location import Location
 from factflow.storage.wal import FORMAT_VERSION, LogDamage, LogRecord, WriteAheadLog
 from factflow.text import plural
 
@@ -57,12 +56,12 @@ _BULK = re.compile(r"^bulk-(\d{12})$")
 @dataclass
 class FactSource:
     """Rows ``(e, v, _diff)`` of one attribute read back from the directory: an Arrow table
-    (from a log record) or Parquet files (``directory`` and their entries). Each source holds
+    (from a log record) or Parquet files (their ``location`` and entries). Each source holds
     every ``(e, v)`` at most once (a checkpoint's facts, or one epoch's effective changes)."""
 
     rows: int
     table: pa.Table | None = None
-    directory: str | None = None
+    location: Location | None = None
     files: list[dict] = field(default_factory=list)
 
 
@@ -122,28 +121,27 @@ class DroppedLog:
 @dataclass
 class CheckpointFiles:
     """One attribute's facts in a checkpoint being written: its kind, and a function that
-    writes its files into a directory (with a name prefix) and returns their entries."""
+    writes its files into a location (with a name prefix) and returns their entries."""
 
     kind: Kind
-    write: Callable[[str, str], list[dict]]
+    write: Callable[[Location, str], list[dict]]
 
 
 class StateStore:
     """The state directory of one durable engine, opened exclusively."""
 
-    def __init__(self, directory: str):
-        self.directory = os.path.abspath(directory)
-        if not os.path.isdir(self.directory):
-            os.makedirs(self.directory)
-            fsync_dir(os.path.dirname(self.directory))
-        self._lock = DirectoryLock(self.directory)
+    def __init__(self, where: str | Location, storage_options: dict | None = None):
+        self.location = where if isinstance(where, Location) else Location(where, storage_options)
+        self.directory = self.location.uri
+        self.location.makedirs()
+        self._lock = self.location.lock()
         try:
             self._check_format()
-            self.wal = WriteAheadLog(os.path.join(self.directory, "wal"))
-            self.checkpoints_dir = os.path.join(self.directory, "checkpoints")
-            os.makedirs(self.checkpoints_dir, exist_ok=True)
-            fsync_dir(self.directory)  # the names of wal/ and checkpoints/ are durable too
-            shutil.rmtree(os.path.join(self.directory, "indexes"), ignore_errors=True)
+            self.wal = WriteAheadLog(self.location.child("wal"))
+            self.checkpoints = self.location.child("checkpoints")
+            self.checkpoints.makedirs()
+            self.location.sync()  # the names of wal/ and checkpoints/ are durable too
+            self.location.remove_tree("indexes")
             self._remove_unfinished()
         except BaseException:
             self._lock.release()
@@ -152,31 +150,32 @@ class StateStore:
 
     # ------------------------------------------------------------ opening
     def _check_format(self) -> None:
-        path = os.path.join(self.directory, "FORMAT")
-        if not os.path.exists(path):
-            if os.path.isdir(os.path.join(self.directory, "wal")) and os.listdir(os.path.join(self.directory, "wal")):
-                raise CorruptStateError(f"{path} is missing, but {self.directory} holds a write-ahead log")
-            write_atomic(path, sealed_json({"format": _FORMAT_NAME, "version": FORMAT_VERSION}))
+        path = self.location.file("FORMAT")
+        try:
+            data = self.location.read("FORMAT")
+        except FileNotFoundError:
+            if self.location.list("wal"):
+                raise CorruptStateError(f"{path} is missing, but {self.directory} holds a write-ahead log") from None
+            self.location.write("FORMAT", sealed_json({"format": _FORMAT_NAME, "version": FORMAT_VERSION}))
             return
-        body = open_sealed_json(path)
+        body = unseal(data, path)
         if body.get("format") != _FORMAT_NAME:
             raise CorruptStateError(f"{path} does not describe a factflow state directory")
         _check_version(path, body)
 
     def _remove_unfinished(self) -> None:
         """Delete what a crash left half-written: checkpoints without a manifest, temporary files."""
-        for name in os.listdir(self.checkpoints_dir):
-            path = os.path.join(self.checkpoints_dir, name)
-            if _CHECKPOINT.match(name) and not os.path.exists(os.path.join(path, "manifest.json")):
-                shutil.rmtree(path, ignore_errors=True)
+        for name in self.checkpoints.list():
+            if _CHECKPOINT.match(name) and not self.checkpoints.exists(f"{name}/manifest.json"):
+                self.checkpoints.remove_tree(name)
             elif _CHECKPOINT.match(name):
-                _remove_temporary(path)
+                _remove_temporary(self.checkpoints.child(name))
             elif name.endswith(".tmp"):
-                os.remove(path)
-        _remove_temporary(self.wal.directory)
-        for name in os.listdir(self.wal.directory):
+                self.checkpoints.remove(name)
+        _remove_temporary(self.wal.location)
+        for name in self.wal.location.list():
             if _BULK.match(name):
-                _remove_temporary(os.path.join(self.wal.directory, name))
+                _remove_temporary(self.wal.location.child(name))
 
     # ------------------------------------------------------------ recovery
     def recover(self, accept_data_loss: bool = False) -> Recovered:
@@ -192,7 +191,7 @@ class StateStore:
         out = Recovered()
         first_segment = 1
         for epoch in sorted(self._checkpoint_epochs(), reverse=True):
-            path = self._checkpoint_path(epoch)
+            path = self._checkpoint(epoch)
             try:
                 manifest = self._read_manifest(path)
             except CorruptStateError as exc:
@@ -207,7 +206,7 @@ class StateStore:
             out.offsets = {s: [list(p) for p in pairs] for s, pairs in manifest["offsets"].items()}
             for entry in manifest["facts"]:
                 if entry["rows"]:
-                    out.facts[entry["attribute"]] = [FactSource(entry["rows"], directory=path, files=entry["files"])]
+                    out.facts[entry["attribute"]] = [FactSource(entry["rows"], location=path, files=entry["files"])]
             out.frontier = manifest.get("frontier")
             out.pending = [(p["time"], p["offsets"], from_ipc(base64.b64decode(p["ops"])))
                            for p in manifest.get("pending", [])]
@@ -247,13 +246,16 @@ class StateStore:
             log.error("write-ahead log cut at damage, as accept_data_loss asked: %s: %s", damage, dropped.description)
             out.dropped = dropped
 
-    def _read_manifest(self, path: str) -> dict:
-        manifest_path = os.path.join(path, "manifest.json")
-        manifest = open_sealed_json(manifest_path)
+    def _read_manifest(self, checkpoint: Location) -> dict:
+        manifest_path = checkpoint.file("manifest.json")
+        try:
+            manifest = unseal(checkpoint.read("manifest.json"), manifest_path)
+        except FileNotFoundError:
+            raise CorruptStateError(f"{manifest_path} is missing") from None
         _check_version(manifest_path, manifest)
         for entry in manifest["facts"]:
             for f in entry["files"]:
-                verify_file(os.path.join(path, f["name"]), f["size"], f["crc32"])
+                verify(checkpoint, f["name"], f["size"], f["crc32"])
         return manifest
 
     def _replay(self, record: LogRecord, out: Recovered, segment: str) -> None:
@@ -281,10 +283,10 @@ class StateStore:
                 if "blob" in change:
                     source = FactSource(change["rows"], table=from_ipc(record.blobs[change["blob"]]))
                 else:
-                    directory = os.path.join(self.wal.directory, change["dir"])
+                    directory = self.wal.location.child(change["dir"])
                     for f in change["files"]:
-                        verify_file(os.path.join(directory, f["name"]), f["size"], f["crc32"])
-                    source = FactSource(change["rows"], directory=directory, files=change["files"])
+                        verify(directory, f["name"], f["size"], f["crc32"])
+                    source = FactSource(change["rows"], location=directory, files=change["files"])
                 out.facts.setdefault(aid, []).append(source)
             for source, offset in meta.get("offsets", {}).items():
                 out.offsets.setdefault(source, []).append([offset, epoch])
@@ -339,13 +341,13 @@ class StateStore:
             blobs.append(to_ipc(table))
         if large:
             name = f"bulk-{epoch:012d}"
-            directory = os.path.join(self.wal.directory, name)
-            shutil.rmtree(directory, ignore_errors=True)
+            directory = self.wal.location.child(name)
+            directory.remove_tree()
             for aid, kind, frame, rows in large:
                 files = write_frame(frame, directory, f"a{aid}-", kind)
                 changes.append({"attribute": aid, "rows": rows, "dir": name, "files": files})
                 self.wal.bytes_since_rotation += sum(f["size"] for f in files)
-            fsync_dir(self.wal.directory)
+            self.wal.location.sync()
         meta = {"type": "epoch", "epoch": epoch, "offsets": offsets, "changes": changes}
         self.wal.append(LogRecord(dict(meta, after=after) if after is not None else meta, blobs))
 
@@ -363,17 +365,17 @@ class StateStore:
         the previous valid one, log segments before the previous one's, and the bulk files
         they referenced. Returns the manifest. Safe to run beside epochs being logged.
         An event-time engine's ``frontier`` and ``pending`` transactions go into the manifest."""
-        path = self._checkpoint_path(epoch)
-        shutil.rmtree(path, ignore_errors=True)
-        os.makedirs(path)
+        path = self._checkpoint(epoch)
+        path.remove_tree()
+        path.makedirs()
         entries = []
         for aid in sorted(facts):
             files = facts[aid].write(path, f"a{aid}-")
             entries.append({"attribute": aid, "rows": sum(f["rows"] for f in files), "files": files})
-        fsync_dir(path)
+        path.sync()
         for entry in entries:
             for f in entry["files"]:
-                verify_file(os.path.join(path, f["name"]), f["size"], f["crc32"])
+                verify(path, f["name"], f["size"], f["crc32"])
         manifest = {"format": _FORMAT_NAME, "version": FORMAT_VERSION, "epoch": epoch, "log_segment": log_segment,
                     "written": time.time(), "attributes": [list(a) for a in attributes], "rules": list(rules),
                     "queries": list(queries), "offsets": offsets, "facts": entries}
@@ -381,9 +383,9 @@ class StateStore:
             manifest["frontier"] = frontier
             manifest["pending"] = [{"time": t, "offsets": o, "ops": base64.b64encode(to_ipc(table)).decode()}
                                    for t, o, table in pending]
-        write_atomic(os.path.join(path, "manifest.json"), sealed_json(manifest))
-        fsync_dir(self.checkpoints_dir)
-        open_sealed_json(os.path.join(path, "manifest.json"))
+        path.write("manifest.json", sealed_json(manifest))
+        self.checkpoints.sync()
+        unseal(path.read("manifest.json"), path.file("manifest.json"))
         self.good = (self.good + [(epoch, log_segment)])[-2:]
         self._remove_obsolete()
         return manifest
@@ -392,35 +394,36 @@ class StateStore:
         keep = {epoch for epoch, _ in self.good}
         for epoch in self._checkpoint_epochs():
             if epoch not in keep:  # the manifest first: a half-removed checkpoint is an unfinished one
-                os.remove(os.path.join(self._checkpoint_path(epoch), "manifest.json"))
-                shutil.rmtree(self._checkpoint_path(epoch), ignore_errors=True)
+                self._checkpoint(epoch).remove("manifest.json")
+                self._checkpoint(epoch).remove_tree()
         if len(self.good) == 2:  # with one, the previous state is the empty one: the whole log stays
             oldest_epoch, oldest_segment = self.good[0]
             self.wal.remove_before(oldest_segment)
             self._remove_bulk(lambda epoch: epoch <= oldest_epoch)
-        fsync_dir(self.checkpoints_dir)
+        self.checkpoints.sync()
 
     def _remove_bulk(self, obsolete: Callable[[int], bool]) -> None:
         removed = False
-        for name in os.listdir(self.wal.directory):
+        for name in self.wal.location.list():
             match = _BULK.match(name)
             if match and obsolete(int(match.group(1))):
-                shutil.rmtree(os.path.join(self.wal.directory, name), ignore_errors=True)
+                self.wal.location.remove_tree(name)
                 removed = True
         if removed:
-            fsync_dir(self.wal.directory)
+            self.wal.location.sync()
 
     def _checkpoint_epochs(self) -> list[int]:
-        return sorted(int(m.group(1)) for m in map(_CHECKPOINT.match, os.listdir(self.checkpoints_dir))
-                      if m and os.path.exists(os.path.join(self.checkpoints_dir, m.group(0), "manifest.json")))
+        return sorted(int(m.group(1)) for m in map(_CHECKPOINT.match, self.checkpoints.list())
+                      if m and self.checkpoints.exists(f"{m.group(0)}/manifest.json"))
 
-    def _checkpoint_path(self, epoch: int) -> str:
-        return os.path.join(self.checkpoints_dir, f"{epoch:012d}")
+    def _checkpoint(self, epoch: int) -> Location:
+        return self.checkpoints.child(f"{epoch:012d}")
 
     # ------------------------------------------------------------ sizes and closing
     def sizes(self) -> dict[str, int]:
-        """Bytes on disk: ``log`` (segments and bulk files), ``checkpoints``."""
-        return {"log": bytes_under(self.wal.directory), "checkpoints": bytes_under(self.checkpoints_dir)}
+        """Bytes stored: ``log`` (segments and bulk files), ``checkpoints``."""
+        return {"log": sum(size for _, size in self.wal.location.walk_sizes()),
+                "checkpoints": sum(size for _, size in self.checkpoints.walk_sizes())}
 
     def close(self, epoch: int | None = None) -> None:
         """Close the log (recording, for a clean close, that it ends with ``epoch``) and give up the lock."""
@@ -470,8 +473,8 @@ def _check_version(path: str, body: dict) -> None:
                                 f"factflow reads ({FORMAT_VERSION}); open it with a newer factflow")
 
 
-def _remove_temporary(directory: str) -> None:
+def _remove_temporary(directory: Location) -> None:
     """Delete the ``*.tmp`` files in ``directory`` (written, never renamed into place)."""
-    for name in os.listdir(directory):
+    for name in directory.list():
         if name.endswith(".tmp"):
-            os.remove(os.path.join(directory, name))
+            directory.remove(name)

@@ -51,11 +51,13 @@ import os
 import re
 import struct
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Iterator
 
 from factflow.errors import CorruptStateError, StateVersionError, StorageError
-from factflow.storage.files import fsync_dir, open_sealed_json, sealed_json, write_atomic
+from factflow.storage.files import sealed_json, unseal
+from factflow.storage.location import Location
 from factflow.text import plural
 
 __all__ = ["LogRecord", "LogDamage", "WriteAheadLog", "FORMAT_VERSION"]
@@ -72,6 +74,7 @@ _META = struct.Struct("<I")
 _NAME = re.compile(r"^(\d{12})\.log$")
 _CLOSED = "closed.json"
 _MAX_RECORD = (1 << 32) - 1
+_FETCH_AHEAD = 8  # log objects read ahead at recovery
 
 
 @dataclass
@@ -131,13 +134,21 @@ class _Damage:
 
 
 class WriteAheadLog:
-    """The segments under ``directory``: scanned once at recovery, then appended to."""
+    """The log under a :class:`~factflow.storage.location.Location`: scanned once at
+    recovery, then appended to. On a local path (a shared mount included) it is segment
+    files appended to and ``fdatasync``'d; on an object store, which cannot append, every
+    append is an object of its own (a segment holding one record), created only if absent,
+    so that a second writer fails instead of overwriting (see the module docstring)."""
 
-    def __init__(self, directory: str):
-        self.directory = directory
-        os.makedirs(directory, exist_ok=True)
+    def __init__(self, location: Location | str):
+        location = location if isinstance(location, Location) else Location(location)
+        self.location = location
+        self.directory = location.uri
+        location.makedirs()
+        self.objects = not location.is_local  # one object per append; no torn writes
         self._fd: int | None = None
-        self.segment = 0          # the segment appended to
+        self._appending = False   # opened for appending, not closed yet
+        self.segment = 0          # the segment appended to (objects: the last written)
         self._size = 0            # bytes in it
         self.bytes_since_rotation = 0
         self.failed: BaseException | None = None
@@ -147,21 +158,16 @@ class WriteAheadLog:
     # ------------------------------------------------------------ reading
     def segments(self) -> list[int]:
         """Numbers of the segment files present, ascending."""
-        found = []
-        for name in os.listdir(self.directory):
-            match = _NAME.match(name)
-            if match:
-                found.append(int(match.group(1)))
-        return sorted(found)
+        return sorted(int(m.group(1)) for m in map(_NAME.match, self.location.list()) if m)
 
     def path(self, number: int) -> str:
-        """The file of segment ``number``."""
-        return os.path.join(self.directory, f"{number:012d}.log")
+        """The file of segment ``number`` (for messages)."""
+        return self.location.file(_name(number))
 
     @property
     def closed_marker(self) -> str:
         """The file a clean close writes (see the module docstring)."""
-        return os.path.join(self.directory, _CLOSED)
+        return self.location.file(_CLOSED)
 
     def scan(self, first: int, skip_damaged_marker: bool = False) -> Iterator[tuple[int, int, LogRecord]]:
         """Every record of segments ``first`` onwards, in order, with its segment number and
@@ -181,19 +187,37 @@ class WriteAheadLog:
         if numbers and numbers[0] != first:
             raise LogDamage(self.path(first), first, 0, f"is missing (the log continues with {self.path(numbers[0])})",
                             self.records_after(numbers[0] - 1, 0))
+        contents = self._contents(numbers)
         for i, number in enumerate(numbers):
             if i and number != numbers[i - 1] + 1:
                 missing = numbers[i - 1] + 1
                 raise LogDamage(self.path(missing), missing, 0, "is missing: the log has a gap",
                                 self.records_after(missing, 0))
-            yield from ((number, offset, r) for offset, r in self._read(number, i == len(numbers) - 1))
+            data = next(contents)
+            yield from ((number, offset, r) for offset, r in self._read(number, data, i == len(numbers) - 1))
         if closed is not None:
             self._check_closed(closed, numbers)
 
+    def _contents(self, numbers: list[int]) -> Iterator[bytes]:
+        """The bytes of segments ``numbers`` in order; objects are fetched a few at a time ahead."""
+        if not self.objects:
+            for number in numbers:
+                yield self.location.read(_name(number))
+            return
+        with ThreadPoolExecutor(max_workers=_FETCH_AHEAD) as pool:
+            pending = [pool.submit(self.location.read, _name(n)) for n in numbers[:_FETCH_AHEAD]]
+            for i in range(len(numbers)):
+                if i + _FETCH_AHEAD < len(numbers):
+                    pending.append(pool.submit(self.location.read, _name(numbers[i + _FETCH_AHEAD])))
+                yield pending[i].result()
+                pending[i] = None
+
     def _closed(self) -> dict | None:
-        if not os.path.exists(self.closed_marker):
+        try:
+            data = self.location.read(_CLOSED)
+        except FileNotFoundError:
             return None
-        return open_sealed_json(self.closed_marker)
+        return unseal(data, self.closed_marker)
 
     def _check_closed(self, closed: dict, numbers: list[int]) -> None:
         """Damage unless the log reaches at least where its clean close said it ended."""
@@ -211,18 +235,16 @@ class WriteAheadLog:
                         f"the log ends here, but the engine that closed it had written {plural(size, 'byte')} of "
                         f"{self.path(segment)} (the log was cut after it was closed)", [], closed)
 
-    def _read(self, number: int, last: bool) -> Iterator[tuple[int, LogRecord]]:
+    def _read(self, number: int, data: bytes, last: bool) -> Iterator[tuple[int, LogRecord]]:
         path = self.path(number)
-        with open(path, "rb") as handle:
-            data = handle.read()
         problem = _header_problem(data[:_HEADER_SIZE], number)
         if problem is not None:
-            if last and (len(data) <= _HEADER_SIZE or not any(data)):
+            if last and not self.objects and (len(data) <= _HEADER_SIZE or not any(data)):
                 self._valid = (number, 0, f"{path}: torn segment header ({plural(len(data), 'byte')}) rewritten")
                 return
             if problem.startswith("version"):
                 raise StateVersionError(f"{path}: {problem}")
-            raise LogDamage(path, number, 0, problem, [])
+            raise LogDamage(path, number, 0, problem, self.records_after(number, 0))
         version = _HEADER.unpack_from(data)[1]
         position = _HEADER_SIZE
         while position < len(data):
@@ -231,7 +253,7 @@ class WriteAheadLog:
                 yield position, record
                 position = end
                 continue
-            if damage.torn and last:
+            if damage.torn and last and not self.objects:
                 self._valid = (number, position, f"{path}: torn tail ({damage.reason} at byte {position}, "
                                                  f"{plural(len(data) - position, 'byte')} dropped)")
                 return
@@ -243,15 +265,14 @@ class WriteAheadLog:
     def records_after(self, segment: int, offset: int) -> list[dict]:
         """The metas of the records readable in ``segment`` after byte ``offset`` (damage
         skipped) and in every later segment: what lies beyond damage at ``offset``."""
-        metas = self._readable(segment, offset + 1) if os.path.exists(self.path(segment)) else []
+        metas = self._readable(segment, offset + 1)
         return metas + [m for n in self.segments() if n > segment for m in self._readable(n, _HEADER_SIZE)]
 
     def _readable(self, number: int, start: int) -> list[dict]:
         """The metas of the records of segment ``number`` readable from ``start`` on, skipping damage."""
         try:
-            with open(self.path(number), "rb") as handle:
-                data = handle.read()
-        except OSError:
+            data = self.location.read(_name(number))
+        except (OSError, StorageError):
             return []
         if _header_problem(data[:_HEADER_SIZE], number) is not None:
             return []
@@ -271,10 +292,15 @@ class WriteAheadLog:
         """Continue the last segment (its torn tail, found by :meth:`scan`, cut off) or, when
         there is none, start segment ``first``. Call after scanning. Removes the clean
         close marker first: from now on the log may grow past it."""
-        if os.path.exists(self.closed_marker):
-            os.remove(self.closed_marker)
-            fsync_dir(self.directory)
+        if self.location.exists(_CLOSED):
+            self.location.remove(_CLOSED)
+            self.location.sync()
         numbers = [n for n in self.segments() if n >= first]
+        self._appending = True
+        if self.objects:
+            self.segment = numbers[-1] if numbers else first - 1
+            self._size = self._valid[1] if self._valid and self._valid[0] == self.segment else 0
+            return
         if not numbers:
             self._create(first)
             return
@@ -304,21 +330,22 @@ class WriteAheadLog:
 
     def truncate(self, segment: int, offset: int) -> list[int]:
         """Give up everything from byte ``offset`` of ``segment`` on: that segment is cut
-        there (removed if nothing of it remains) and every later segment removed; returns
-        the segments removed. Only for accepting damage the caller has reported."""
-        removed = [n for n in self.segments() if n > segment or (n == segment and offset <= _HEADER_SIZE)]
+        there (removed if nothing of it remains, and always on an object store, where a
+        segment is one record) and every later segment removed; returns the segments
+        removed. Only for accepting damage the caller has reported."""
+        whole = self.objects or offset <= _HEADER_SIZE
+        removed = [n for n in self.segments() if n > segment or (n == segment and whole)]
         for n in removed:
-            os.remove(self.path(n))
-        if segment not in removed and os.path.exists(self.path(segment)):
+            self.location.remove(_name(n))
+        if segment not in removed and self.location.exists(_name(segment)):
             fd = os.open(self.path(segment), os.O_RDWR)
             try:
                 os.ftruncate(fd, offset)
                 os.fsync(fd)
             finally:
                 os.close(fd)
-        if os.path.exists(self.closed_marker):
-            os.remove(self.closed_marker)
-        fsync_dir(self.directory)
+        self.location.remove(_CLOSED)
+        self.location.sync()
         self._valid = None
         return removed
 
@@ -327,20 +354,42 @@ class WriteAheadLog:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         os.write(fd, _header(number))
         os.fsync(fd)
-        fsync_dir(self.directory)
+        self.location.sync()
         if self._fd is not None:
             os.close(self._fd)
         self._fd, self.segment, self._size = fd, number, _HEADER_SIZE
 
     def append(self, record: LogRecord) -> None:
-        """Write ``record`` durably (``fdatasync``) at the end of the current segment.
+        """Write ``record`` durably before returning: at the end of the current segment
+        (``fdatasync``), or as the next object, created only if absent.
 
-        If the write fails, the segment is cut back to where the record began, so a failed
-        record is never followed by others; if even that fails, the log refuses every later
-        append (:class:`StorageError`) until the engine is reopened."""
+        If a local write fails, the segment is cut back to where the record began, so a
+        failed record is never followed by others; if even that fails, the log refuses
+        every later append (:class:`StorageError`) until the engine is reopened. An object
+        that exists already means another engine writes this log: every later append is
+        refused."""
         if self.failed is not None:
             raise StorageError(f"the write-ahead log failed earlier ({self.failed}); reopen the engine")
         data = record.encode()
+        if self.objects:
+            self._append_object(data)
+        else:
+            self._append_local(data)
+        self.bytes_since_rotation += len(data)
+
+    def _append_object(self, data: bytes) -> None:
+        number = self.segment + 1
+        try:
+            created = self.location.create(_name(number), _header(number) + data)
+        except Exception as exc:  # noqa: BLE001 - the store's client errors, whatever they are
+            raise StorageError(f"could not write the write-ahead log object {self.path(number)}: {exc}") from exc
+        if not created:
+            self.failed = StorageError(f"{self.path(number)} was written by another engine")
+            raise StorageError(f"another engine writes the log of {self.directory}: {self.path(number)} exists "
+                               "already; this engine stops logging (reopen the directory)")
+        self.segment, self._size = number, _HEADER_SIZE + len(data)
+
+    def _append_local(self, data: bytes) -> None:
         start = self._size
         try:
             view = memoryview(data)
@@ -356,38 +405,46 @@ class WriteAheadLog:
                 self.failed = again
             raise StorageError(f"could not write the write-ahead log {self.path(self.segment)}: {exc}") from exc
         self._size += len(data)
-        self.bytes_since_rotation += len(data)
 
     def rotate(self) -> int:
-        """Start the next segment; returns its number (records appended from now on go there)."""
+        """Start the next segment; returns its number (records appended from now on go there;
+        on an object store every record is a segment of its own, so nothing is written)."""
         if self.failed is not None:
             raise StorageError(f"the write-ahead log failed earlier ({self.failed}); reopen the engine")
-        self._create(self.segment + 1)
         self.bytes_since_rotation = 0
+        if self.objects:
+            return self.segment + 1
+        self._create(self.segment + 1)
         return self.segment
 
     def remove_before(self, number: int) -> list[int]:
         """Delete the segments numbered below ``number``; returns their numbers."""
         removed = [n for n in self.segments() if n < number]
         for n in removed:
-            os.remove(self.path(n))
+            self.location.remove(_name(n))
         if removed:
-            fsync_dir(self.directory)
+            self.location.sync()
         return removed
 
     def close(self, ends_with: dict | None = None) -> None:
-        """Close the segment appended to. A log that was appended to and never failed
-        writes the clean close marker, saying where it ends and ``ends_with`` (what the
-        caller wants a later reader to know was in it, such as the last epoch)."""
-        if self._fd is None:
+        """Close the segment appended to. A log that was opened for appending and never
+        failed writes the clean close marker, saying where it ends and ``ends_with`` (what
+        the caller wants a later reader to know was in it, such as the last epoch)."""
+        if not self._appending:
             return
+        self._appending = False
         try:
             if self.failed is None:
-                write_atomic(self.closed_marker,
-                             sealed_json({"segment": self.segment, "size": self._size, **(ends_with or {})}))
+                self.location.write(_CLOSED, sealed_json({"segment": self.segment, "size": self._size,
+                                                          **(ends_with or {})}))
         finally:
-            os.close(self._fd)
-            self._fd = None
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+
+
+def _name(number: int) -> str:
+    return f"{number:012d}.log"
 
 
 def _header(number: int) -> bytes:

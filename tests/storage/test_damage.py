@@ -81,7 +81,7 @@ def summary(recovered) -> dict:
         kind = kind_of_type(recovered.attributes[aid][1])
         counts: Counter = Counter()
         for source in sources:
-            table = source.table if source.table is not None else read_tables(source.directory, source.files, kind)
+            table = source.table if source.table is not None else read_tables(source.location, source.files, kind)
             for e, v, d in zip(*(table.column(c).to_pylist() for c in ("e", "v", "_diff"))):
                 counts[(e, v)] += d
         if +counts:

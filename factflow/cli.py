@@ -87,7 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--port", type=int, default=6262, help="port (default 6262; 0 picks a free one)")
     sub.add_argument("--master", help="Spark master (default: local[*])")
     sub.add_argument("--token-file", metavar="FILE", help="a file holding the token clients must present")
-    sub.add_argument("--state-dir", metavar="DIR", help="keep the engine's state durable in DIR (see docs/storage.md)")
+    sub.add_argument("--state-dir", metavar="DIR", help="keep the engine's state durable in DIR, a path or an object "
+                                                      "store URI such as s3://bucket/path (see docs/storage.md)")
+    _storage_option_argument(sub)
     sub.add_argument("--max-frame-mib", type=float, default=16, help="largest frame accepted, in MiB (default 16)")
     sub.add_argument("--max-waiting-rows", type=int, default=1_000_000,
                      help="change rows that may wait for a slow client before it is dropped (default 1000000)")
@@ -111,7 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub = commands.add_parser("load", parents=[common], help="load a file (any Spark source) into a state directory")
     sub.add_argument("path", nargs="+", help="files or a directory to read")
-    sub.add_argument("--state-dir", metavar="DIR", required=True, help="the durable engine's state directory")
+    sub.add_argument("--state-dir", metavar="DIR", required=True,
+                     help="the durable engine's state directory (a path or an object store URI)")
+    _storage_option_argument(sub)
     sub.add_argument("--format", default="csv", help="Spark source format: csv (default), json, parquet, orc, ...")
     sub.add_argument("--entity", default="id", metavar="COLUMN", help="the column of entity ids (default id)")
     sub.add_argument("--attr", type=_attribute_spec, action="append", required=True, metavar="ATTR=COLUMN[:TYPE[:SEM]]",
@@ -124,7 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub = commands.add_parser("repair", parents=[common],
                               help="check a state directory; with --accept-data-loss, cut its log at damage")
-    sub.add_argument("state_dir", metavar="DIR", help="the durable engine's state directory (no engine may hold it)")
+    sub.add_argument("state_dir", metavar="DIR",
+                     help="the durable engine's state directory, a path or an object store URI (no engine may hold it)")
+    _storage_option_argument(sub)
     sub.add_argument("--accept-data-loss", action="store_true",
                      help="cut the write-ahead log at the damage found, dropping the epochs after it")
     sub.set_defaults(handler=repair)
@@ -159,7 +165,8 @@ def serve(args: argparse.Namespace) -> int:
 
     config = ServerConfig(max_frame_bytes=int(args.max_frame_mib * 1024 * 1024), max_waiting_rows=args.max_waiting_rows)
     return run_server(args.host, args.port, master=args.master, token=_read_token(args.token_file),
-                      state_dir=args.state_dir, config=config, announce=lambda line: print(line, flush=True))
+                      state_dir=args.state_dir, config=config, announce=lambda line: print(line, flush=True),
+                      storage_options=dict(args.storage_option) or None)
 
 
 def tx(args: argparse.Namespace) -> int:
@@ -221,7 +228,7 @@ def load(args: argparse.Namespace) -> int:
     facts from a file, into a durable engine (see :meth:`factflow.Engine.load`); prints what it applied."""
     from factflow import Engine
 
-    with Engine(master=args.master, state_dir=args.state_dir) as db:
+    with Engine(master=args.master, state_dir=args.state_dir, storage_options=dict(args.storage_option) or None) as db:
         for attribute, _, value_type, semantics in args.attr:
             if value_type is not None:
                 db.create_attribute(attribute, type=value_type, semantics=semantics)
@@ -240,7 +247,7 @@ def repair(args: argparse.Namespace) -> int:
     drop (exit status 1), and with ``--accept-data-loss`` cut it there and print what was dropped."""
     from factflow.storage.store import StateStore
 
-    store = StateStore(args.state_dir)
+    store = StateStore(args.state_dir, dict(args.storage_option) or None)
     try:
         recovered = store.recover(accept_data_loss=args.accept_data_loss)
     except FactflowError as exc:
@@ -265,6 +272,13 @@ def _attribute_spec(text: str) -> tuple[str, str, str | None, str]:
     if not sep or not attribute or not parts[0] or len(parts) > 3:
         raise argparse.ArgumentTypeError(f"expected ATTR=COLUMN[:TYPE[:SEMANTICS]], got {text!r}")
     return attribute, parts[0], parts[1] if len(parts) > 1 else None, parts[2] if len(parts) > 2 else "set"
+
+
+def _storage_option_argument(parser: argparse.ArgumentParser) -> None:
+    """Add ``--storage-option KEY=VALUE`` (repeatable) to ``parser``."""
+    parser.add_argument("--storage-option", type=_key_value, action="append", default=[], metavar="KEY=VALUE",
+                        help="an option of the state directory's store client, e.g. endpoint_url=http://HOST:PORT "
+                             "(repeatable; the store's standard environment, such as AWS_*, works too)")
 
 
 def _key_value(text: str) -> tuple[str, str]:

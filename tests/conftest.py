@@ -30,6 +30,20 @@ def spark():
     session.stop()
 
 
+@pytest.fixture(scope="session")
+def s3():
+    """moto's S3 server on 127.0.0.1 with a bucket ``factflow``, for the whole run
+    (:class:`standalone.S3Server` of the cluster tests). Tasks of the local session are
+    forked from a JVM started before it, so they do not see environment variables set now:
+    tests pass the server to factflow as ``storage_options`` (``server.storage_options()``)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "cluster"))
+    from standalone import S3Server
+
+    with S3Server() as server:
+        yield server
+
+
+
 @pytest.fixture(autouse=True)
 def _shuffle_partitions_left_as_they_were():
     """Fails a test that leaves the shared session's shuffle partitions changed. Unsetting

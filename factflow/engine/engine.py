@@ -723,6 +723,7 @@ class Engine:
             self._closed = True
             if self._durability is not None:
                 self._durability.close()
+                self.policy.directory.remove_tree()  # this run's index files: derived, of no use to the next
             if self._owns_state_dir:
                 try:
                     shutil.rmtree(self.state_dir)

@@ -308,13 +308,14 @@ class ServerThread:
 
 def serve(host: str = "127.0.0.1", port: int = 6262, master: str | None = None, token: str | None = None,
           state_dir: str | None = None, config: ServerConfig | None = None,
-          announce: Callable[[str], None] = print) -> int:
+          announce: Callable[[str], None] = print, storage_options: dict[str, str] | None = None) -> int:
     """Run a server in the foreground until SIGINT/SIGTERM or a ``shutdown`` request; returns 0.
 
     ``announce`` receives the line ``factflow serving ws://HOST:PORT`` once clients can connect.
+    ``state_dir`` and ``storage_options`` are the engine's (a path or an object store URI).
     """
     _check_exposure(host, token)
-    engine = Engine(master=master, state_dir=state_dir)
+    engine = Engine(master=master, state_dir=state_dir, storage_options=storage_options)
     server = Server(engine, host, port, token, config, owns_engine=True)
 
     async def main() -> None:

@@ -226,8 +226,8 @@ class WriteAheadLog:
             raise CorruptStateError(f"{self.closed_marker} does not say where the log ended")
         last = numbers[-1] if numbers else None
         end = self._valid[1] if self._valid and self._valid[0] == last else None
-        if last is not None and (last, end) >= (segment, size):
-            return
+        if segment == 0 or (last is not None and (last, end) >= (segment, size)):
+            return  # (segment 0: an object log closed before its first record)
         where = self.path(last) if last is not None else self.path(segment)
         at = end if end is not None else 0
         self._valid = None

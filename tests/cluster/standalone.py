@@ -439,6 +439,13 @@ class S3Server:
         """Spark settings that give every executor :meth:`env` (``spark.executorEnv.*``)."""
         return {f"spark.executorEnv.{key}": value for key, value in self.env().items()}
 
+    def storage_options(self) -> dict[str, str]:
+        """:meth:`env` as factflow's ``storage_options`` (for processes whose environment
+        cannot be set, such as the Python workers of a local session already started)."""
+        env = self.env()
+        return {"endpoint_url": env["AWS_ENDPOINT_URL"], "access_key": env["AWS_ACCESS_KEY_ID"],
+                "secret_key": env["AWS_SECRET_ACCESS_KEY"], "region": env["AWS_REGION"]}
+
     def client_kwargs(self) -> dict[str, str]:
         """:meth:`env` as keyword arguments of ``boto3.client("s3", ...)``."""
         env = self.env()

@@ -209,17 +209,19 @@ def random_transaction(rng: random.Random, oracle: Oracle, size: int) -> list:
 
 
 def run_stream(spark, seed: int, epochs: int, queries, join="binary", max_ops: int = 10,
-               config: EngineConfig | None = None, part: tuple[int, int] = (0, 1)):
+               config: EngineConfig | None = None, part: tuple[int, int] = (0, 1),
+               engine_options: dict | None = None):
     """Run a random stream of ``epochs`` transactions, checking every query after each;
     halfway, the query installed first is closed (what it shared must stay for the others).
 
     ``part=(i, n)`` installs only the queries whose index is ``i`` modulo ``n``; the stream
-    and the install points do not depend on it."""
+    and the install points do not depend on it. ``engine_options``: more keywords of the
+    engine (a state directory)."""
     rng = random.Random(seed)
     install_points = [rng.randint(0, epochs) for _ in queries]
     chosen, count = part
     install_points = [p if i % count == chosen else None for i, p in enumerate(install_points)]
-    db = Engine(spark=spark, config=config)
+    db = Engine(spark=spark, config=config, **(engine_options or {}))
     oracle = Oracle()
     try:
         for name, kind, semantics in SCHEMA:

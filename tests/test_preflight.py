@@ -70,8 +70,32 @@ def test_a_good_interpreter_passes_and_is_checked_once(spark, tasks_run, tmp_pat
     wrapper.chmod(0o755)
     tasks_run(str(wrapper))
     with Engine(spark=spark):
-        assert preflight._CHECKED == {spark.sparkContext.applicationId}
+        assert (spark.sparkContext.applicationId, "python") in preflight._CHECKED
     preflight._CHECKED.clear()
     tasks_run(sys.executable)
     with Engine(spark=spark):
-        assert preflight._CHECKED == {spark.sparkContext.applicationId}
+        assert preflight._CHECKED == set()  # nothing to check: no job ran
+
+
+def test_a_state_location_in_an_object_store_is_checked_from_the_tasks(spark, tasks_run, s3):
+    """Tasks must reach the store: with the server's options they do (the check passes and
+    is remembered for that location); with an endpoint nobody listens on, the engine is
+    refused naming the location."""
+    tasks_run(sys.executable)
+    uri = f"s3://{s3.bucket}/preflight"
+    with Engine(spark=spark, state_dir=uri, storage_options=s3.storage_options()):
+        assert (spark.sparkContext.applicationId, uri) in preflight._CHECKED
+    unreachable = dict(s3.storage_options(), endpoint_url="http://127.0.0.1:9")
+    with pytest.raises(ConfigurationError, match="cannot write to the engine's state location s3://factflow/elsewhere"):
+        Engine(spark=spark, state_dir=f"s3://{s3.bucket}/elsewhere", storage_options=unreachable)
+
+
+def test_a_task_that_cannot_see_the_drivers_file_is_named_with_its_host():
+    """The driver's side of the location check, without Spark."""
+    from factflow.storage.location import Location
+
+    found = {"host": "127.0.0.2", "location": {"error": "cannot read /tmp/x/.factflow-check/1 (FileNotFoundError)"}}
+    assert preflight._location_problem(found, Location("/tmp/x")) == (
+        "the executor on 127.0.0.2 cannot use the engine's state location /tmp/x: cannot read "
+        "/tmp/x/.factflow-check/1 (FileNotFoundError)")
+    assert preflight._location_problem({"host": "h", "location": {}}, Location("/tmp/x")) is None

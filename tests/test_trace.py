@@ -1,5 +1,7 @@
 """Unit tests of traces: batches, reading as of an epoch, merging, compaction, handles."""
 
+import os
+
 import pandas as pd
 import pytest
 
@@ -258,3 +260,33 @@ def test_checkpoint_is_one_job_and_cuts_the_lineage(spark):
     assert rdd.isCheckpointed()
     assert stored.where("e = 3").count() == sum(1 for v in range(0, 1000, 3) if v % 10 == 3)
     release_checkpoint(stored)
+
+
+def test_batches_kept_in_files_read_merge_probe_and_release(spark, tmp_path):
+    """On a cluster (``in_files``) stored batches are their index files: read back by a plan
+    that scans the files (no checkpoint to lose with an executor), merged into new files,
+    probed like any other, and gone from disk when released; small results come back to the
+    driver from the files without a second job."""
+    directory = Location(str(tmp_path))
+    trace = make(spark, local_limit=2, factor=2, directory=directory, in_files=True)
+    frame = spark.createDataFrame([(1, "a", 1, 1), (2, "b", 1, 1), (3, "c", 1, 1)], "e long, v string, _t long, _diff long")
+    first = trace.materialize(frame, 1, 2)
+    trace.append(first)
+    assert not first.is_local and not first.owns_stored and first.index_paths
+    plan = first.frame._jdf.queryExecution().optimizedPlan().toString()
+    assert "LogicalRDD" not in plan and "MapInArrow" in plan  # a scan of the files, no checkpoint
+    second = spark.createDataFrame([(1, "a", 2, -1), (4, "d", 2, 1), (5, "e", 2, 1)], "e long, v string, _t long, _diff long")
+    trace.append(trace.materialize(second, 2, 3))
+    assert accumulate(spark, trace, 2) == {(2, "b"): 1, (3, "c"): 1, (4, "d"): 1, (5, "e"): 1}
+    files, local = trace.probe_sources(2)
+    assert {d for d, _ in files} == {b.index for b in trace.batches} and local == []
+    old = [b.index.path for b in trace.batches]
+    stored = trace.stored_merge()
+    stored.run()
+    assert stored.commit() == 1 and len(trace.batches) == 1 and trace.batches[0].index_paths
+    assert not any(os.path.exists(path) for path in old)  # the merged batches' files are gone
+    assert accumulate(spark, trace, 2) == {(2, "b"): 1, (3, "c"): 1, (4, "d"): 1, (5, "e"): 1}
+    small = trace.materialize(spark.createDataFrame([(9, "z", 3, 1)], "e long, v string, _t long, _diff long"), 3, 4)
+    assert small.is_local and list(small.local["e"]) == [9]
+    trace.close()
+    assert not [p for p in os.listdir(str(tmp_path)) if os.listdir(os.path.join(str(tmp_path), p))]

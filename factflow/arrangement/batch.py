@@ -17,7 +17,12 @@ Two physical forms exist:
   Spark 4.1 (relation deduplication and InMemoryRelation canonicalization), so batches
   are kept as checkpoints.)
 
-Both report their exact row count, so tuple accounting is exact, and both are read by
+* a *filed* batch (on a cluster, see :meth:`Batch.from_files`) is kept in its index files
+  only, read by a Spark plan that scans them (:func:`~factflow.arrangement.index.read_index`):
+  nothing of it lives only in an executor, so losing one loses nothing the engine holds
+  (a checkpoint's blocks go with their executor, and every later read of them fails).
+
+All report their exact row count, so tuple accounting is exact, and all are read by
 the SQL the dataflow generates through :attr:`Batch.source` (a temp view, or an inline
 table). A stored batch
 is also written, once, as sorted index files that probes read by key (:mod:`.index`); a
@@ -38,7 +43,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
 from factflow.arrangement import bound
-from factflow.arrangement.index import arrow_schema, remove_index, write_index
+from factflow.arrangement.index import arrow_schema, read_index, remove_index, write_index
 from factflow.arrangement.views import drop_view, one_partition, register_view
 from factflow.model.frames import INLINE_ROWS, spark_frame, values_sql
 from factflow.model.types import Kind, spark_type
@@ -219,6 +224,23 @@ class Batch:
         """A local batch from consolidated rows already on the driver."""
         frame = layout.normalize_pandas(frame)
         return cls(lower, upper, len(frame), None, local=frame, spark=spark, layout=layout)
+
+    @classmethod
+    def from_files(cls, spark: SparkSession, layout: Layout, directory: Location, names: list[str], rows: int,
+                   lower: int, upper: int, cache_bytes: int) -> "Batch":
+        """A stored batch kept in its index files ``names`` of ``directory`` (written with the
+        layout's columns, see :func:`~factflow.arrangement.index.write_index`), read by a
+        plan that scans them; releasing it removes them."""
+        frame = read_index(spark, directory, names, layout.spark_schema(), cache_bytes)
+        batch = cls(lower, upper, rows, frame, spark=spark, layout=layout)
+        batch.index, batch.index_paths = directory, list(names)
+        return batch
+
+    @property
+    def owns_stored(self) -> bool:
+        """Whether releasing this batch frees a checkpoint (one it was made from by
+        :meth:`from_checkpoint`); other checkpoints its rows came from stay their maker's."""
+        return self._stored is not None
 
     @classmethod
     def from_checkpoint(cls, frame: DataFrame, rows: int, lower: int, upper: int,

@@ -47,7 +47,9 @@ from factflow.model.types import Kind, spark_type
 from factflow.storage.cache import local_file
 from factflow.storage.location import Location
 
-__all__ = ["KEY_HASH", "PROBE_HASH", "TRACE_DIFF", "hash_sql", "long_hash", "write_index", "remove_index", "Probe",
+__all__ = ["KEY_HASH", "PROBE_HASH", "TRACE_DIFF", "hash_sql", "long_hash", "write_index", "read_index",
+           "read_index_locally", "remove_index",
+           "Probe",
            "ProbeChain",
            "arrow_type", "arrow_schema"]
 
@@ -119,6 +121,42 @@ class _IndexWriter:
                 writer.write_table(table, max_chunksize=max(table.num_rows, 1))
         yield pa.RecordBatch.from_pydict({"name": [name], "rows": [sum(b.num_rows for b in rows)]},
                                          schema=pa.schema([("name", pa.string()), ("rows", pa.int64())]))
+
+
+def read_index_locally(directory: Location, names: Sequence[str], columns: Sequence[str],
+                       cache_bytes: int = 4 << 30) -> pa.Table:
+    """The ``columns`` of the index files ``names`` of ``directory``, read on the driver."""
+    return pa.concat_tables([_open(directory, name, cache_bytes)[0].select(list(columns)) for name in names])
+
+
+def read_index(spark, directory: Location, names: Sequence[str], schema: T.StructType,
+               cache_bytes: int = 4 << 30) -> DataFrame:
+    """The rows of the index files ``names`` of ``directory`` as a Spark DataFrame with
+    ``schema`` (their columns without ``_h``): one partition per file, read inside the
+    task through the same :class:`Location` (remote files from the executor's copy, see
+    :mod:`factflow.storage.cache`). Its plan is a scan of a range and a Python function,
+    however many epochs made the files, and nothing of it lives only in an executor:
+    a task that fails, or whose executor is lost, reads the files again."""
+    nullable = T.StructType([T.StructField(f.name, f.dataType, True) for f in schema.fields])
+    return spark.range(0, len(names), 1, max(1, len(names))).mapInArrow(
+        _IndexReader(directory, list(names), schema.fieldNames(), cache_bytes), nullable)
+
+
+class _IndexReader:
+    """The task side of :func:`read_index`: the files whose positions a partition holds."""
+
+    def __init__(self, directory: Location, names: list[str], columns: list[str], cache_bytes: int):
+        self.directory = directory
+        self.names = names
+        self.columns = columns
+        self.cache_bytes = cache_bytes
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        workers.prepare()
+        for batch in batches:
+            for position in batch.column(0).to_pylist():
+                table, _ = _open(self.directory, self.names[position], self.cache_bytes)
+                yield from table.select(self.columns).to_batches(max_chunksize=1 << 16)
 
 
 def remove_index(directory: Location) -> None:

@@ -40,7 +40,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from factflow.arrangement.batch import DIFF, TIME, Batch, Layout, checkpoint, checkpoint_indexed, release_checkpoint
-from factflow.arrangement.index import remove_index
+from factflow.arrangement.index import read_index_locally, remove_index, write_index
 from factflow.errors import FactflowError
 from factflow.model.frames import consolidated
 from factflow.model.types import sql_type
@@ -61,7 +61,9 @@ class MergePolicy:
     many rows stay on the driver. ``partitions``: partitions of cached batches.
     ``directory``: where stored batches write their index files (None: not indexed), and
     ``cache_bytes`` how much of them an executor keeps copies of when they are remote (see
-    :mod:`factflow.storage.cache`).
+    :mod:`factflow.storage.cache`). ``in_files``: stored batches are kept in their index
+    files only, not as checkpoints on executors (a cluster, where an executor and what it
+    stores may be lost; see :meth:`Batch.from_files`).
     ``merge_limit`` and ``merge_share``: a merge stops growing before its parts would hold
     more than ``max(merge_limit, rows of the trace // merge_share)`` rows (see
     :meth:`Trace.merge_cap`).
@@ -72,6 +74,7 @@ class MergePolicy:
     partitions: int = 2
     directory: Location | None = None
     cache_bytes: int = 4 << 30
+    in_files: bool = False
     merge_limit: int = 1_000_000
     merge_share: int = 8
 
@@ -290,12 +293,17 @@ class Trace:
 
     def append_stored(self, frame: DataFrame, rows: int, epoch: int, stored: DataFrame) -> Batch:
         """Append one epoch's updates ``(columns..., _diff)`` read from ``stored``, a frame
-        checkpointed and counted by the caller. A small batch is copied to the driver (the
-        returned batch is then local and ``stored`` stays the caller's to release)."""
+        checkpointed and counted by the caller. A small batch is copied to the driver, and a
+        stored one kept in files (``in_files``) is written from ``stored``: the returned batch
+        does not own ``stored`` then, which stays the caller's to release (see
+        :attr:`Batch.owns_stored`)."""
         if rows <= self.policy.local_limit:
             return self.append_pandas(frame.select(*self.layout.names, DIFF).toArrow().to_pandas(), epoch)
         frame = frame.selectExpr(*[f"`{n}`" for n in self.layout.names], f"CAST({epoch} AS BIGINT) AS `_t`", "`_diff`")
-        batch = Batch.from_checkpoint(frame, rows, epoch, epoch + 1, stored)
+        if self.policy.in_files:
+            batch = self._filed(frame, epoch, epoch + 1)
+        else:
+            batch = Batch.from_checkpoint(frame, rows, epoch, epoch + 1, stored)
         self.append(batch)
         return batch
 
@@ -434,6 +442,8 @@ class Trace:
         directory): the same Spark job writes the batch's index files, which a small result
         then deletes."""
         organized = self.organize(frame, shuffle=not by_key)
+        if self.policy.in_files:
+            return self._filed(organized, lower, upper)
         written = None
         if index and self.policy.directory is not None:
             directory = self._index_directory()
@@ -448,6 +458,19 @@ class Trace:
         local = stored.toArrow().to_pandas()
         release_checkpoint(stored)
         return Batch.from_pandas(self.spark, self.layout, local, lower, upper)
+
+    def _filed(self, frame: DataFrame, lower: int, upper: int) -> Batch:
+        """A batch of ``frame`` (the full layout) kept in index files only (``in_files``): one
+        Spark job writes them; a small batch is then read back to the driver from them (no
+        second job) and the files removed."""
+        directory = self._index_directory()
+        names, rows = write_index(frame, self.layout.index_key, directory)
+        if rows > self.policy.local_limit:
+            return Batch.from_files(self.spark, self.layout, directory, names, rows, lower, upper,
+                                    self.policy.cache_bytes)
+        local = read_index_locally(directory, names, self.layout.all_names, self.policy.cache_bytes)
+        remove_index(directory)
+        return Batch.from_pandas(self.spark, self.layout, local.to_pandas(), lower, upper)
 
     def by_key(self, frame: DataFrame) -> DataFrame:
         """``frame`` hash-partitioned by the key as stored batches are; grouping it by columns

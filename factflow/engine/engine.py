@@ -32,6 +32,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from factflow.arrangement.attribute import AttributeArrangement
 from factflow.arrangement.batch import DIFF
+from factflow.arrangement.bound import tasks_in_driver_jvm
 from factflow.arrangement.trace import MergePolicy
 from factflow.engine.config import EngineConfig
 from factflow.engine.definition import QueryDefinition
@@ -46,7 +47,7 @@ from factflow.engine.feeds import AttributeSubscriber
 from factflow.engine.granularity import Window, window_seconds
 from factflow.engine.group import plan_runs
 from factflow.engine.history import check_slack
-from factflow.engine.preflight import check_task_python
+from factflow.engine.preflight import check_executors
 from factflow.storage.location import Location
 from factflow.engine.install import install
 from factflow.engine.introspection import Introspection
@@ -108,10 +109,12 @@ class Engine:
     ``:factflow.*`` attributes that queries read, one epoch behind (see
     :mod:`factflow.engine.introspection`).
 
-    Before anything else, an engine checks that Spark's tasks can run factflow's code (the
-    Python interpreter they start with has factflow and its dependencies at the driver's
-    versions; :mod:`factflow.engine.preflight`) and refuses a session whose tasks cannot
-    with a :class:`factflow.ConfigurationError` saying what to set.
+    Before anything else, an engine checks on every executor that Spark's tasks can run
+    factflow's code (the Python interpreter they start with has factflow and its
+    dependencies at the driver's versions) and can read and write the state location (a
+    cluster's executors on other hosts do not see the driver's temporary directory; see
+    :mod:`factflow.engine.preflight`), and refuses a session where they cannot with a
+    :class:`factflow.ConfigurationError` naming the host and saying what to set.
 
     ``time="event"`` numbers epochs by the times transactions carry (``transact(tx,
     time=T)``, closed by :meth:`advance_to`; see :mod:`factflow.engine.clock`) instead of
@@ -128,11 +131,17 @@ class Engine:
                  storage_options: dict[str, Any] | None = None):
         if time not in ("transaction", "event"):
             raise FactflowError(f"time must be 'transaction' or 'event', not {time!r}")
+        location = Location(state_dir, storage_options) if state_dir else None
         self._holds_session = spark is None
         self.spark = spark if spark is not None else acquire_session(master=master)
+        self._owns_state_dir = not state_dir
+        self.state_dir = state_dir or tempfile.mkdtemp(prefix="factflow-")
+        self.location = location or Location(self.state_dir)
         try:
-            check_task_python(self.spark)
+            check_executors(self.spark, self.location)
         except BaseException:
+            if self._owns_state_dir:
+                shutil.rmtree(self.state_dir, ignore_errors=True)
             if self._holds_session:
                 release_session(self.spark)
             raise
@@ -141,11 +150,9 @@ class Engine:
         warn_of_missing_start_up_settings(self.spark)
         self.config = config or EngineConfig()
         partitions = self.config.partitions or int(self.spark.conf.get("spark.sql.shuffle.partitions"))
-        self._owns_state_dir = not state_dir
-        self.state_dir = state_dir or tempfile.mkdtemp(prefix="factflow-")
-        self.location = Location(self.state_dir, storage_options)
         self.policy = MergePolicy(self.config.merge_factor, self.config.local_limit, partitions,
                                   self.location.child("indexes", uuid.uuid4().hex), self.config.index_cache_bytes,
+                                  not tasks_in_driver_jvm(self.spark.sparkContext.master),
                                   merge_limit=self.config.merge_limit)
         self._rules = RuleStore()
         self._state = EngineState(self.spark, self.config, self.policy)

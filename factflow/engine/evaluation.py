@@ -250,7 +250,7 @@ class Evaluation:
                 continue
             node.adopt(cx, view)
             batch = node.writer.append_stored(stored.select(*node.names, DIFF), rows, cx.epoch, stored)
-            if batch is None or batch.is_local:
+            if batch is None or not batch.owns_stored:
                 self._stored.append(stored)
             if node in subscribed:
                 sc.setJobDescription(f"{label}: output of {node.writer.name}")

@@ -1,23 +1,30 @@
-"""What an engine checks before it accepts work: that Spark's tasks can run factflow's code.
+"""What an engine checks before it accepts work: that every executor can run factflow's
+code and reach the engine's state location.
 
 Index probes, index writes and the worker daemon run factflow's own functions inside Spark
 tasks, in whatever Python interpreter Spark starts tasks with: ``spark.pyspark.python`` or
 ``PYSPARK_PYTHON`` when set, else the ``python3`` first on the executor's ``PATH``. A session
 factflow creates points local tasks at the driver's interpreter; a session the user made
 (``Engine(spark=...)``), or executors on other machines, may run another one, without
-pyarrow, pandas or factflow. Without a check the first query fails deep inside a task with
-a raw ``PythonException`` and background merges log tracebacks.
+pyarrow, pandas or factflow. And tasks write and read the engine's files (index files,
+checkpoint files) in its state location, which on a cluster every executor must see: the
+driver's temporary directory, for one, exists on no other host. Without a check the first
+query fails deep inside a task with a raw ``PythonException`` or ``FileNotFoundError``.
 
-So an engine first runs :func:`check_task_python`: one small Spark job (the RDD API, which
-needs nothing but the interpreter) whose tasks report the interpreter they run in, its
-Python version, and the version of every module factflow's tasks import (pyarrow, numpy,
-pandas, factflow itself, with a digest of factflow's source). The driver compares them
-with its own: the same Python minor version, each module importable and inside the range
-factflow's package metadata requires, factflow's source identical to the driver's. A
-mismatch raises :class:`factflow.errors.ConfigurationError` naming the host, the
-interpreter, what is wrong and what to set. The check runs once per Spark application,
-and is skipped where it cannot fail: a local session whose tasks run the driver's own
-interpreter.
+So an engine first runs :func:`check_executors`: one small Spark job (the RDD API, which
+needs nothing but the interpreter) with a task on every executor (a barrier stage of as
+many tasks as the application has cores, so every executor runs one). Each task reports
+its host, the interpreter it runs in, its Python version and the version of every module
+factflow's tasks import (pyarrow, numpy, pandas, factflow itself, with a digest of
+factflow's source), and whether it can use the state location: read a file the driver
+wrote there just before (a directory of the same name on another disk does not count),
+and write, read and remove one of its own. The driver compares: the same Python minor
+version, each module importable and inside the range factflow's package metadata
+requires, factflow's source identical to the driver's, the location readable and
+writable. A mismatch raises :class:`factflow.errors.ConfigurationError` naming the host,
+what is wrong and what to set. Each finding holds for the application (the interpreter)
+or for the application and location (the files), so it runs once for each; it is skipped
+where it cannot fail: in local mode with the driver's own interpreter and a local path.
 
 The task function is pickled by value (``register_pickle_by_value``) and imports only the
 standard library before it looks for the others, so it runs in any Python.
@@ -31,20 +38,24 @@ import os
 import re
 import sys
 import threading
+import uuid
 from importlib import metadata
 from typing import Iterable, Iterator
 
 from pyspark import cloudpickle
 from pyspark.sql import SparkSession
 
+from factflow.arrangement.bound import tasks_in_driver_jvm
 from factflow.errors import ConfigurationError
+from factflow.storage.location import Location
 
-__all__ = ["check_task_python", "task_python", "TASK_MODULES", "source_digest"]
+__all__ = ["check_executors", "task_python", "TASK_MODULES", "source_digest"]
 
 #: The modules factflow's task functions import, besides the standard library and pyspark.
 TASK_MODULES = ("pyarrow", "numpy", "pandas", "factflow")
+_CHECK_DIRECTORY = ".factflow-check"
 
-_CHECKED: set[str] = set()
+_CHECKED: set[tuple[str, str]] = set()  # (application, "python" or a location's URI) found good
 _CHECKED_LOCK = threading.Lock()
 
 
@@ -73,23 +84,30 @@ def task_python(spark: SparkSession) -> str:
     return spark.sparkContext.pythonExec or "python3"
 
 
-def check_task_python(spark: SparkSession) -> None:
-    """Refuse (:class:`ConfigurationError`) a session whose tasks cannot run factflow's code;
-    once per Spark application, and not at all for a local session whose tasks run the
-    driver's own interpreter (see the module docstring)."""
+def check_executors(spark: SparkSession, location: Location) -> None:
+    """Refuse (:class:`ConfigurationError`) a session whose executors cannot run factflow's
+    code or use ``location`` (see the module docstring); each finding once per application."""
     sc = spark.sparkContext
+    local = tasks_in_driver_jvm(sc.master)
     with _CHECKED_LOCK:
-        if sc.applicationId in _CHECKED:
-            return
-    if sc.master.startswith("local") and _same_interpreter(task_python(spark), sys.executable):
-        with _CHECKED_LOCK:
-            _CHECKED.add(sc.applicationId)
+        python_known = (sc.applicationId, "python") in _CHECKED or (
+            local and _same_interpreter(task_python(spark), sys.executable))
+        location_known = (sc.applicationId, location.uri) in _CHECKED or (local and location.is_local)
+    if python_known and location_known:
         return
-    tasks = max(1, sc.defaultParallelism)
+    probe = None
+    if not location_known:
+        probe = (f"{_CHECK_DIRECTORY}/{uuid.uuid4().hex}", uuid.uuid4().hex)
+        try:
+            location.makedirs(_CHECK_DIRECTORY)
+            location.write(probe[0], probe[1].encode())
+        except Exception as exc:  # noqa: BLE001 - the store's client errors, whatever they are
+            raise ConfigurationError(f"the driver cannot write to the engine's state location {location}: "
+                                     f"{type(exc).__name__}: {exc}") from exc
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
     try:
-        sc.setJobDescription("factflow: check the Python that tasks run with")
-        reports = sc.parallelize(range(tasks), tasks).mapPartitions(_report).collect()
+        sc.setJobDescription("factflow: check that every executor runs factflow and sees its state location")
+        reports = _on_every_executor(sc, _Reporter(location if probe else None, probe), local)
     except Exception as exc:  # noqa: BLE001 - any failure to run Python in a task is the finding
         raise ConfigurationError(
             f"Spark could not run a Python task with {task_python(spark)}: {_first_line(exc)}. "
@@ -97,36 +115,122 @@ def check_task_python(spark: SparkSession) -> None:
     finally:
         cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
         sc.setJobDescription(None)
-    problems = [p for p in dict.fromkeys(_problem(json.loads(r)) for r in reports) if p]
+        if probe:
+            location.remove(probe[0])
+    found = [json.loads(r) for r in reports]
+    problems = [p for p in dict.fromkeys(_problem(f) for f in found) if p]
     if problems:
         raise ConfigurationError(f"{'; '.join(problems)}. {_advice()}")
+    places = [p for p in dict.fromkeys(_location_problem(f, location) for f in found) if p]
+    if places:
+        raise ConfigurationError(f"{'; '.join(places)}. Every executor must see the engine's state location: give "
+                                 "the engine a state_dir on a path every machine shares (such as an NFS mount) or an "
+                                 "object store URI (s3://BUCKET/PATH), with credentials every executor has "
+                                 "(storage_options=, or the store's environment on every executor, e.g. "
+                                 "spark.executorEnv.AWS_ACCESS_KEY_ID)")
     with _CHECKED_LOCK:
-        _CHECKED.add(sc.applicationId)
+        _CHECKED.add((sc.applicationId, "python"))
+        if probe:
+            _CHECKED.add((sc.applicationId, location.uri))
 
 
-def _report(_: Iterable[int]) -> Iterator[str]:
-    """The task side: what this interpreter is and which of the task modules it imports."""
-    import importlib
-    import os
-    import socket
-    import sys
+def _on_every_executor(sc, reporter: "_Reporter", local: bool) -> list[str]:
+    """Run ``reporter`` in a task on every executor: a barrier stage of as many tasks as
+    the application has cores (all run at once, so no executor is left out); where the
+    cluster cannot run one (dynamic allocation, slots taken), ordinary tasks."""
+    tasks = max(1, sc.defaultParallelism)
+    rdd = sc.parallelize(range(tasks), tasks)
+    if local:
+        return rdd.mapPartitions(reporter).collect()
+    try:
+        return rdd.barrier().mapPartitions(reporter).collect()
+    except Exception as exc:  # noqa: BLE001 - py4j wraps Spark's refusal of a barrier stage
+        if "barrier" not in str(exc).lower():
+            raise
+        return rdd.mapPartitions(reporter).collect()
 
-    found = {"python": sys.executable, "version": list(sys.version_info[:2]),
-             "host": os.environ.get("SPARK_LOCAL_IP") or socket.gethostname(), "modules": {}, "digest": None}
-    for name in TASK_MODULES:
+
+class _Reporter:
+    """The task side: what this interpreter is, which of the task modules it imports, and
+    (``location`` given) whether it sees the driver's ``probe`` file there and can write."""
+
+    def __init__(self, location: Location | None, probe: tuple[str, str] | None):
+        self.uri = None if location is None else location.uri
+        self.options = None if location is None else location.options
+        self.probe = probe
+
+    def __call__(self, _: Iterable[int]) -> Iterator[str]:
+        import importlib
+        import socket
+        import sys
+
+        found = {"python": sys.executable, "version": list(sys.version_info[:2]), "host": _task_host(socket),
+                 "modules": {}, "digest": None, "location": None}
+        for name in TASK_MODULES:
+            try:
+                module = importlib.import_module(name)
+                found["modules"][name] = getattr(module, "__version__", "")
+            except Exception as exc:  # noqa: BLE001 - reported, whatever it is
+                found["modules"][name] = {"error": f"{type(exc).__name__}: {exc}"}
+        if isinstance(found["modules"].get("factflow"), str):
+            try:
+                from factflow.engine.preflight import source_digest as digest
+
+                found["digest"] = digest()
+                if self.uri is not None:
+                    found["location"] = self._use_location()
+            except Exception as exc:  # noqa: BLE001
+                found["modules"]["factflow"] = {"error": f"{type(exc).__name__}: {exc}"}
+        yield json.dumps(found)
+
+    def _use_location(self) -> dict:
+        """Read the driver's probe file, then write, read and remove one of this task's."""
+        import uuid as ids
+
+        from factflow.storage.location import Location as Place
+
+        place, (name, content) = Place(self.uri, self.options), self.probe
         try:
-            module = importlib.import_module(name)
-            found["modules"][name] = getattr(module, "__version__", "")
-        except Exception as exc:  # noqa: BLE001 - reported, whatever it is
-            found["modules"][name] = {"error": f"{type(exc).__name__}: {exc}"}
-    if isinstance(found["modules"].get("factflow"), str):
+            seen = place.read(name).decode()
+        except Exception as exc:  # noqa: BLE001 - reported
+            return {"error": f"cannot read {place.file(name)}, which the driver wrote just before "
+                             f"({type(exc).__name__}: {exc})"}
+        if seen != content:
+            return {"error": f"{place.file(name)} holds something else than the driver wrote"}
+        own = f"{name}-{ids.uuid4().hex}"
         try:
-            from factflow.engine.preflight import source_digest as digest
+            place.write(own, b"factflow")
+            ok = place.read(own) == b"factflow"
+            place.remove(own)
+        except Exception as exc:  # noqa: BLE001 - reported
+            return {"error": f"cannot write there ({type(exc).__name__}: {exc})"}
+        return {} if ok else {"error": "a file written there reads back otherwise"}
 
-            found["digest"] = digest()
-        except Exception as exc:  # noqa: BLE001
-            found["modules"]["factflow"] = {"error": f"{type(exc).__name__}: {exc}"}
-    yield json.dumps(found)
+
+def _task_host(socket) -> str:
+    """In a task: the host its executor announces to the cluster (the ``--hostname`` of the
+    executor JVM this worker process descends from, read from ``/proc`` on Linux), else
+    ``SPARK_LOCAL_IP``, else the machine's name."""
+    pid = os.getpid()
+    try:
+        while pid > 1:
+            with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                args = handle.read().decode(errors="replace").split("\0")
+            if "--hostname" in args and any(a.endswith("CoarseGrainedExecutorBackend") for a in args):
+                return args[args.index("--hostname") + 1]
+            with open(f"/proc/{pid}/stat") as handle:
+                stat = handle.read()
+            pid = int(stat[stat.rindex(")") + 2:].split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return os.environ.get("SPARK_LOCAL_IP") or socket.gethostname()
+
+
+def _location_problem(found: dict, location: Location) -> str | None:
+    """What keeps one task from using the state location, in words (None if nothing)."""
+    problem = (found.get("location") or {}).get("error")
+    return f"the executor on {found['host']} cannot use the engine's state location {location}: {problem}" \
+        if problem else None
 
 
 def _problem(found: dict) -> str | None:
@@ -181,10 +285,11 @@ def _same_interpreter(a: str, b: str) -> bool:
 
 
 def _first_line(exc: BaseException) -> str:
-    """The line of a failed job's message that says why: the Python error a worker printed
-    (``ModuleNotFoundError: No module named 'pandas'``) when there is one."""
+    """What a failed job's message says went wrong: the Python error a worker printed
+    (``ModuleNotFoundError: No module named 'pandas'``) when there is one, and the host
+    of the executor whose task failed."""
     text = str(exc).strip()
-    python_error = re.search(r"^\s*([A-Za-z]+Error: .+)$", text, re.MULTILINE)
-    if python_error:
-        return python_error.group(1).strip()[:500]
-    return text.splitlines()[0][:500] if text else type(exc).__name__
+    python_error = re.search(r"([A-Za-z]+Error: [^)\n]+)", text)
+    found = python_error.group(1).strip()[:500] if python_error else (text.splitlines() or [type(exc).__name__])[0][:500]
+    host = re.search(r"\((\S+) executor [^)]+\)", text)
+    return f"{found} (on {host.group(1)})" if host and host.group(1) != "localhost" else found

@@ -12,10 +12,15 @@ The start-up times of the cluster and of its session are printed at the end of t
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 import time
 
 import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "storage"))  # durable.py
+
 from standalone import ClusterUnavailable, S3Server, StandaloneCluster, check_namespaces, wait_for_executors
 
 #: What the fixtures measured, for the run's summary.

@@ -17,8 +17,7 @@ column) so that the user can find it. The type says what was rejected::
     ├── QueryError              Engine.query rejected the query
     │   └── RuleError           Engine.register rejected the rules, or a query calls a rule
     │                           that is unknown or cannot be resolved
-    ├── ExecutionError          Spark failed while running an epoch (rolled back), or an
-    │                           iteration of recursive rules exceeded EngineConfig.fetch_limit
+    ├── ExecutionError          Spark failed while running an epoch (rolled back)
     ├── HistoryError            a read as of an epoch outside the history kept (slack)
     ├── EngineClosedError       the engine or query was used after close()
     ├── ConfigurationError      the Spark session cannot run factflow (checked when an engine starts)
@@ -112,11 +111,10 @@ class ConfigurationError(FactflowError):
 
 
 class ExecutionError(FactflowError):
-    """Spark failed while running an epoch, or an iteration of recursive rules derived more
-    rows than ``EngineConfig.fetch_limit`` lets a fetch bring to the driver (in an epoch or
-    while installing a query); the epoch was rolled back (the query not installed) and the
-    engine stays usable, unless the failure took the Spark driver with it: then the engine
-    is closed (the message says so). A Spark error is chained as ``__cause__``."""
+    """Spark failed while running an epoch (or while installing a query); the epoch was
+    rolled back (the query not installed) and the engine stays usable, unless the failure
+    took the Spark driver with it: then the engine is closed (the message says so). A Spark
+    error is chained as ``__cause__``."""
 
 
 class ServerError(FactflowError):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from typing import Callable
 
 import random
 
@@ -210,15 +211,19 @@ def random_transaction(rng: random.Random, oracle: Oracle, size: int) -> list:
 
 def run_stream(spark, seed: int, epochs: int, queries, join="binary", max_ops: int = 10,
                config: EngineConfig | None = None, part: tuple[int, int] = (0, 1),
-               engine_options: dict | None = None):
+               engine_options: dict | None = None, install_points: list[int] | None = None,
+               transaction: Callable[[random.Random, Oracle], list] | None = None):
     """Run a random stream of ``epochs`` transactions, checking every query after each;
     halfway, the query installed first is closed (what it shared must stay for the others).
 
     ``part=(i, n)`` installs only the queries whose index is ``i`` modulo ``n``; the stream
     and the install points do not depend on it. ``engine_options``: more keywords of the
-    engine (a state directory)."""
+    engine (a state directory). ``install_points``: the epoch after which each query is
+    installed (0: before the first), instead of random ones. ``transaction(rng, oracle)``
+    makes each epoch's transaction instead of :func:`random_transaction`."""
     rng = random.Random(seed)
-    install_points = [rng.randint(0, epochs) for _ in queries]
+    drawn = [rng.randint(0, epochs) for _ in queries]
+    install_points = drawn if install_points is None else list(install_points)
     chosen, count = part
     install_points = [p if i % count == chosen else None for i, p in enumerate(install_points)]
     db = Engine(spark=spark, config=config, **(engine_options or {}))
@@ -243,7 +248,8 @@ def run_stream(spark, seed: int, epochs: int, queries, join="binary", max_ops: i
 
         install_due(0)
         for position in range(1, epochs + 1):
-            tx = random_transaction(rng, oracle, rng.randint(1, max_ops))
+            tx = (transaction(rng, oracle) if transaction is not None
+                  else random_transaction(rng, oracle, rng.randint(1, max_ops)))
             try:
                 oracle.transact(tx)
                 rejected = False

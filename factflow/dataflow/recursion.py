@@ -32,7 +32,11 @@ Each iteration is one statement for all rules of the component, fetched with one
 collect (plus the broadcast jobs Spark runs for the small relations it joins); what the
 iterations accumulate (deleted, inserted) is kept as one materialized relation per rule
 and grown by concatenation, so an iteration's statement does not grow with the number
-of iterations before it (grid150's closures take ~300). Membership tests against these
+of iterations before it (grid150's closures take ~300). Where a materialized set lives is
+the :class:`Materializer`'s business, not the algorithm's: a set within its share of what
+a fetch may bring to the driver is held there, a larger one stays in Spark (as files,
+see :mod:`factflow.arrangement.filed`), so a component whose sets outgrow the driver
+iterates in Spark with the same statements. Membership tests against these
 sets (a frontier minus what is present, a state minus what is deleted) are plain semi
 and anti joins on whole rows: the sets hold each row once, so making their rows
 distinct first, as :func:`zset.semijoin` does for arbitrary keys, would only add an
@@ -59,15 +63,17 @@ __all__ = ["Placeholder", "RuleOutput", "RecursiveBody", "Fixpoint", "Materializ
 
 
 class Materializer(Protocol):
-    """Where a fixpoint's iterations are materialized (the engine's evaluation provides it)."""
+    """Where a fixpoint's iterations are materialized (the engine's evaluation provides
+    it): on the driver when they are small, in Spark when they are not."""
 
     def collect(self, cx: EpochContext, relations: dict[str, tuple[str, Columns]],
                 label: str) -> dict[str, tuple[str, int]]:
-        """Evaluate ``relations`` (named in ``cx``) with one Spark job; per key, the name of
-        a materialized relation with the same rows, and its row count."""
+        """Evaluate ``relations`` (named in ``cx``), together where they are small; per key,
+        the name of a materialized relation with the same rows, and its row count."""
 
     def concat(self, relations: list[str], columns: Columns) -> str:
-        """One materialized relation holding the rows of materialized ``relations``."""
+        """One materialized relation holding the rows of materialized ``relations``
+        (whether each is held on the driver or in Spark)."""
 
 
 class Placeholder(Node):
@@ -244,7 +250,7 @@ class Fixpoint(Node):
             max_iterations: int = 100_000) -> dict[str, str]:
         """Bring every rule of the component up to date; returns each rule's change relation.
 
-        Every iteration is one Spark job (``store.collect``) for all rules together; what
+        Every iteration is one collect (``store.collect``) for all rules together; what
         the iterations accumulate (deleted and inserted tuples) is kept as one materialized
         relation per rule (``store.concat``), so each iteration's statement has the same
         size however many iterations came before. Once the overdeleted tuples pass

@@ -33,8 +33,8 @@ class EngineConfig:
     ``fetch_limit``: the most rows one fetch brings to the driver (a round of a small
     epoch's queries, or an iteration of recursive rules), shared equally by the relations
     it fetches. In a small epoch, an operator whose rows exceed its share is checkpointed in
-    Spark instead, as in a bulk epoch (``EpochReport.kept_in_spark`` names it); an iteration
-    over it fails the epoch or install, since recursive sets are held on the driver (see
+    Spark instead, as in a bulk epoch (``EpochReport.kept_in_spark`` names it); a recursive
+    set over its share is kept in Spark as files and the component iterates there (see
     :meth:`factflow.engine.evaluation.Evaluation.collect`). The default keeps a fetch well
     within a 2 GiB driver heap (measured in :mod:`factflow.engine.evaluation`).
     ``recompute_fraction``: a recursive component whose delete-and-rederive overdeletes more

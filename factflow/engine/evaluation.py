@@ -30,14 +30,25 @@ take at most about a quarter of a 2 GiB heap, as ``spark.driver.maxResultSize`` 
 which leaves room for what the engine keeps there besides. Rows are not bytes: much
 wider rows narrow that margin.
 
-A fixpoint's iterations (:meth:`Evaluation.collect`) are bounded by the same limit, but
-cannot be kept in Spark (see there): an iteration over it fails the evaluation.
+A fixpoint's iterations (:meth:`Evaluation.collect`) are fetched the same way, each
+iteration's sets sharing the limit, and a set over its share is kept in Spark instead, as
+index files (:mod:`factflow.arrangement.filed`; one job computes and writes it), from
+which later iterations read it: a recursive component whose sets outgrow the driver
+iterates in Spark, a small one stays on the driver. A set that went over its share is
+written to Spark directly in the next iteration (no fetch is tried first) until it
+shrinks back within its share; once any set of an evaluation is in Spark, or a component
+holds more tuples than a fetch may bring, fetches run with the session's own settings
+rather than a small statement's (one partition, nothing compiled), since they read large
+sets. What the iterations accumulate is concatenated where it lives: driver-held rows by
+pandas while they fit in one fetch (then they are written to Spark), Spark-held files by
+listing them together (no job). A component's change kept in Spark is appended to its
+traces as a stored batch. The evaluation's files are removed when it ends.
 """
 
 from __future__ import annotations
 
 import logging
-
+import uuid
 from typing import TYPE_CHECKING
 
 import pandas as pd
@@ -45,14 +56,17 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
 from factflow.arrangement.batch import DIFF, checkpoint, local_relation, release_checkpoint
+from factflow.arrangement.filed import FiledRows
+from factflow.arrangement.index import remove_index
+from factflow.arrangement.trace import Trace
 from factflow.arrangement.views import drop_view, one_partition, register_view
 from factflow.dataflow.context import EpochContext
 from factflow.dataflow.nodes import OUT, Columns, Distinct, Node, Stateful
 from factflow.dataflow.recursion import Fixpoint
 from factflow.engine.collect import Collector
-from factflow.errors import ExecutionError
+from factflow.model.frames import spark_frame
 from factflow.model.types import Kind, spark_type
-from factflow.text import plural
+from factflow.storage.location import Location
 
 if TYPE_CHECKING:  # pragma: no cover
     from contextlib import AbstractContextManager
@@ -77,7 +91,7 @@ class Evaluation:
     """One evaluation of a set of stateful operators; :meth:`run` commits and returns outputs."""
 
     def __init__(self, spark: SparkSession, cx: EpochContext, small_statements: "Callable[[], AbstractContextManager]",
-                 fetch_limit: int, recompute_fraction: float = 0.5):
+                 fetch_limit: int, directory: Location, recompute_fraction: float = 0.5):
         self.spark = spark
         self.cx = cx
         self.small_statements = small_statements
@@ -87,7 +101,14 @@ class Evaluation:
         self.kept: list[str] = []
         self._views: list[str] = []
         self._stored: list[DataFrame] = []
+        #: rows of the materialized relations of fixpoints: on the driver, in files, or both
         self._local: dict[str, pd.DataFrame] = {}
+        self._files: dict[str, FiledRows] = {}
+        #: where this evaluation writes the sets it keeps in Spark (created on the first write)
+        self._directory = directory.child(f"evaluation-{uuid.uuid4().hex}")
+        self._writes = 0
+        self._large: set[str] = set()  # keys of collect whose latest rows exceeded their share
+        self._large_state = False  # whether the fixpoint running holds more tuples than a fetch may bring
 
     def schedule(self, nodes: list[Stateful]) -> list[list[tuple[Stateful, str]]]:
         """Rounds of (operator, step) pairs; a split Distinct computes STATE a round before PENDING."""
@@ -144,6 +165,8 @@ class Evaluation:
                 drop_view(self.spark, view)
             for stored in self._stored:
                 release_checkpoint(stored)
+            if self._writes:
+                remove_index(self._directory)
         for node in nodes:
             for trace in (node.writers.values() if isinstance(node, Fixpoint) else [node.writer]):
                 trace.advance_upper(self.cx.epoch + 1)
@@ -151,49 +174,126 @@ class Evaluation:
 
     # ------------------------------------------------------------ recursive components
     def _fixpoint(self, node: Fixpoint, label: str) -> None:
-        """Run a fixpoint's iterations (each materialized) and commit its rules' changes."""
-        changes = node.run(self.cx, self, label, self.recompute_fraction)
-        collected = self.collect(self.cx, {r: (c, node.rules[r]) for r, c in changes.items()}, f"{label}: changes")
+        """Run a fixpoint's iterations (each materialized) and commit its rules' changes:
+        fetched and appended from the driver when they fit, else checkpointed and appended
+        as stored batches (a change computed from sets in Spark is not tried as a fetch)."""
+        cx = self.cx
+        self._large_state = sum(handle.tuples for handle in node.handles.values()) > self.fetch_limit
+        writes = self._writes
+        changes = node.run(cx, self, label, self.recompute_fraction)
+        in_spark = self._writes > writes
+        fetched = self._fetch_rows(cx, {r: (c, node.rules[r]) for r, c in changes.items()
+                                        if r not in self._large and not in_spark}, f"{label}: changes")
         for rule, output in node.outputs.items():
-            view, rows = collected.get(rule, (None, 0))
-            change = view if rows else None
-            if change is not None:
-                node.writers[rule].append_pandas(self._local[view], self.cx.epoch)
-            output.publish(self.cx, change)
+            frame = fetched.get(rule)
+            if rule not in changes:
+                change = None
+            elif frame is not None:
+                change = self._local_relation(frame, node.rules[rule]) if len(frame) else None
+                if change is not None:
+                    node.writers[rule].append_pandas(frame, cx.epoch)
+            else:
+                change = self._append_stored(node.writers[rule], changes[rule], f"{label}: changes of {rule}")
+                if cx.small and not cx.install:
+                    self.kept.append(node.writers[rule].name)
+            output.publish(cx, change)
+        self._large_state = False
 
     def collect(self, cx: EpochContext, relations: dict[str, tuple[str, Columns]],
                 label: str) -> dict[str, tuple[str, int]]:
-        """Evaluate ``relations`` with one job into driver memory, each shipped back as a local relation.
+        """Evaluate ``relations``, each into driver memory if its rows are within its share
+        of ``fetch_limit`` (one job for all), else into files in Spark (a job for each); per
+        key, the materialized relation and its row count.
 
-        Fixpoint iterations are collected even in bulk epochs: unions of several checkpoints
-        of plans over the same views trip Spark 4.1's optimizer (attribute lookups fail in
-        PruneFilters), while local relations are safe. This bounds a fixpoint's sets by
-        driver memory, which goal-directed evaluation keeps small (see factflow.planner.magic).
-        Since there is no keeping them in Spark, an iteration with more rows than
-        ``fetch_limit`` allows raises :class:`ExecutionError` (the epoch is rolled back, the
-        install abandoned) rather than risk the driver's heap.
+        A key whose rows exceeded their share is written to Spark directly the next time
+        (its relation computed once, not fetched first), until its rows are within the
+        share again. Local checkpoints would not do for the rows kept in Spark: unions of
+        several of them over the same views trip Spark 4.1's optimizer (attribute lookups
+        fail in PruneFilters); files read back by :class:`FiledRows` share no plan.
         """
+        if not relations:
+            return {}
+        share = max(self.fetch_limit // len(relations), 1)
+        fetched = self._fetch_rows(cx, {k: v for k, v in relations.items() if k not in self._large}, label)
+        out = {}
+        for key, (relation, columns) in relations.items():
+            frame = fetched.get(key)
+            if frame is not None:
+                out[key] = (self._local_relation(frame, columns), len(frame))
+                continue
+            sc = self.spark.sparkContext
+            sc.setJobDescription(f"{label}: {key} in Spark")
+            files = self._write(self.spark.sql(cx.statement(f"SELECT * FROM {relation}")))
+            (self._large.add if files.rows > share else self._large.discard)(key)
+            out[key] = (self._relation(files, None, columns), files.rows)
+        return out
+
+    def concat(self, relations: list[str], columns: Columns) -> str:
+        """One relation holding the rows of materialized ``relations``: the driver-held rows
+        concatenated (written to Spark once they exceed ``fetch_limit``), the files listed
+        together."""
+        files = [self._files[r] for r in relations if r in self._files]
+        local = [self._local[r] for r in relations if r in self._local]
+        together = FiledRows.concat(files) if files else None
+        rows = pd.concat(local, ignore_index=True) if local else None
+        if rows is not None and len(rows) > self.fetch_limit:
+            self.spark.sparkContext.setJobDescription("recursive rows over the fetch limit, to Spark")
+            written = self._write(spark_frame(self.spark, rows, _schema(columns)))
+            together, rows = (FiledRows.concat([together, written]) if together else written), None
+        return self._relation(together, rows, columns)
+
+    def _fetch_rows(self, cx: EpochContext, relations: dict[str, tuple[str, Columns]],
+                    label: str) -> dict[str, pd.DataFrame | None]:
+        """Per key, the rows of the relation fetched to the driver with one job, or None
+        when they exceed their share of ``fetch_limit`` (shared by every key of the
+        ``collect`` in question). Small statements unless the evaluation reads large sets."""
         if not relations:
             return {}
         collector = Collector()
         for relation, columns in relations.values():
             collector.add(f"(SELECT * FROM {relation})", list(columns) + [(DIFF, Kind.LONG)])
-        with self.small_statements():
+        if self._files or self._large_state:
             frames = collector.run(self.spark, cx, self.fetch_limit, label)
-        if any(frame is None for frame in frames):
-            raise ExecutionError(f"{label}: an iteration of recursive rules derived more rows than a fetch may "
-                                 f"bring to the driver (EngineConfig.fetch_limit, {plural(self.fetch_limit, 'row')})")
-        return {key: (self._local_relation(frame, columns), len(frame))
-                for (key, (_, columns)), frame in zip(relations.items(), frames)}
+        else:
+            with self.small_statements():
+                frames = collector.run(self.spark, cx, self.fetch_limit, label)
+        return dict(zip(relations, frames))
 
-    def concat(self, relations: list[str], columns: Columns) -> str:
-        """One local relation holding the rows of local relations (no Spark job)."""
-        return self._local_relation(pd.concat([self._local[r] for r in relations], ignore_index=True), columns)
+    def _write(self, frame: DataFrame) -> FiledRows:
+        """``frame``'s rows kept in Spark, as files of this evaluation (one job)."""
+        self._writes += 1
+        return FiledRows.write(frame, self._directory, str(self._writes))
+
+    def _relation(self, files: FiledRows | None, local: pd.DataFrame | None, columns: Columns) -> str:
+        """A relation of ``files`` and ``local`` rows together, remembered as both."""
+        if files is None or not files.rows:
+            return self._local_relation(local if local is not None else _empty(columns), columns)
+        view = register_view(files.frame(self.spark), prefix="ff_s")
+        self._views.append(view)
+        relation = view
+        if local is not None and len(local):
+            relation = f"(SELECT * FROM {view} UNION ALL SELECT * FROM {self._local_relation(local, columns)})"
+            self._local[relation] = local
+        self._files[relation] = files
+        return relation
+
+    def _append_stored(self, trace: Trace, relation: str, label: str) -> str | None:
+        """Checkpoint ``relation`` (a consolidated change) organized as ``trace`` stores it,
+        append it and return a view of it (None when it has no rows)."""
+        self.spark.sparkContext.setJobDescription(label)
+        stored, rows = checkpoint(self._organized(trace, self.spark.sql(self.cx.statement(f"SELECT * FROM {relation}"))))
+        if not rows:
+            release_checkpoint(stored)
+            return None
+        view = register_view(stored, prefix="ff_p")
+        self._views.append(view)
+        batch = trace.append_stored(stored.select(*trace.layout.names, DIFF), rows, self.cx.epoch, stored)
+        if batch is None or not batch.owns_stored:
+            self._stored.append(stored)
+        return view
 
     def _local_relation(self, data: pd.DataFrame, columns: Columns) -> str:
-        schema = T.StructType([T.StructField(n, spark_type(k), True) for n, k in columns]
-                              + [T.StructField(DIFF, T.LongType(), False)])
-        relation, view = local_relation(self.spark, data, schema, prefix="ff_l")
+        relation, view = local_relation(self.spark, data, _schema(columns), prefix="ff_l")
         if view is not None:
             self._views.append(view)
         relation = one_partition(relation)
@@ -239,7 +339,7 @@ class Evaluation:
             relation = node.state_delta(cx) if step == STATE else node.pending(cx)
             if relation is None:
                 continue
-            frame = self._organized(node, self.spark.sql(cx.statement(f"SELECT * FROM {relation}")))
+            frame = self._organized(node.writer, self.spark.sql(cx.statement(f"SELECT * FROM {relation}")))
             sc.setJobDescription(f"{label}: {node.writer.name} ({step})")
             stored, rows = checkpoint(frame)
             view = register_view(stored, prefix="ff_p")
@@ -256,17 +356,27 @@ class Evaluation:
                 sc.setJobDescription(f"{label}: output of {node.writer.name}")
                 outputs[node] = stored.toArrow().to_pandas()
 
-    def _organized(self, node: Stateful, frame: DataFrame) -> DataFrame:
-        """``frame`` organized as ``node``'s trace stores batches. An install's rows that Spark
+    def _organized(self, trace: Trace, frame: DataFrame) -> DataFrame:
+        """``frame`` organized as ``trace`` stores batches. An install's rows that Spark
         plans in one partition (from a small start, see :class:`factflow.dataflow.delta.DeltaJoin`)
         are sorted where they are, not shuffled, so that its statement runs as one stage;
         the plan that tells is the one the checkpoint then runs (other installs plan their
         statement twice: tens of milliseconds, against seconds of work)."""
         if self.cx.install:
-            sorted_in_place = node.writer.organize(frame, shuffle=False)
+            sorted_in_place = trace.organize(frame, shuffle=False)
             if sorted_in_place._jdf.queryExecution().executedPlan().outputPartitioning().numPartitions() == 1:
                 return sorted_in_place
-        return node.writer.organize(frame)
+        return trace.organize(frame)
+
+
+def _schema(columns: Columns) -> T.StructType:
+    """The Spark schema of a relation of ``columns`` and ``_diff``."""
+    return T.StructType([T.StructField(n, spark_type(k), True) for n, k in columns]
+                        + [T.StructField(DIFF, T.LongType(), False)])
+
+
+def _empty(columns: Columns) -> pd.DataFrame:
+    return pd.DataFrame({name: [] for name in [n for n, _ in columns] + [DIFF]})
 
 
 def _over_result_limit(exc: BaseException) -> bool:

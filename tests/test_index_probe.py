@@ -1,4 +1,4 @@
-"""The task side of index probes (factflow.arrangement.index), without Spark.
+"""The task side of index probes (factflow.arrangement.index), without Spark (but for one check of a hash).
 
 Index files are written here the way Spark writes them (rows sorted by a key hash); the
 hash is any 64-bit function of the key, so collisions can be forced on purpose: a probe
@@ -13,7 +13,9 @@ import os
 import pyarrow as pa
 import pytest
 
-from factflow.arrangement.index import KEY_HASH, PROBE_HASH, Probe, ProbeChain, arrow_schema, long_hash
+from factflow.arrangement.index import (
+    KEY_HASH, PROBE_HASH, PROBE_PART, Probe, ProbeChain, arrow_schema, long_hash, long_partition_hash,
+)
 from factflow.model.types import Kind
 from factflow.storage.location import Location
 
@@ -42,7 +44,9 @@ def prefix(rows, columns=(("k", Kind.LONG),)):
     data = {n: [r[i] for r in rows] for i, n in enumerate(names)}
     data["_diff"] = [r[-1] for r in rows]
     data[PROBE_HASH] = [weak_hash(r[0]) for r in rows]
-    schema = arrow_schema(list(columns) + [("_diff", Kind.LONG)]).append(pa.field(PROBE_HASH, pa.int64()))
+    data[PROBE_PART] = [0 for _ in rows]  # the files here are not named by partition: all are searched
+    schema = (arrow_schema(list(columns) + [("_diff", Kind.LONG)]).append(pa.field(PROBE_HASH, pa.int64()))
+              .append(pa.field(PROBE_PART, pa.int32())))
     return pa.Table.from_pydict(data, schema=schema)
 
 
@@ -141,16 +145,19 @@ def test_a_chain_probes_the_product_of_the_probe_before(tmp_path):
         writer.write_table(table)
 
     def hop(columns, key):
-        return Probe(files=[(Location(os.path.dirname(path)), os.path.basename(path))], local=[], trace_schema=schema, prefix_columns=columns + [("_diff", Kind.LONG)],
-                     hash_on=[(key, "e")], join_on=[(key, "e")], values=[("v", chr(ord(key) + 1))], as_of=5)
+        return Probe(files=[(Location(os.path.dirname(path)), os.path.basename(path))], local=[], trace_schema=schema,
+                     prefix_columns=columns + [("_diff", Kind.LONG)], hash_on=[(key, "e")], join_on=[(key, "e")],
+                     values=[("v", chr(ord(key) + 1))], as_of=5)
 
     first, second = hop([("a", Kind.LONG)], "a"), hop([("a", Kind.LONG), ("b", Kind.LONG)], "b")
     assert second.hashes_in_task()
     starts = pa.table({"a": [1, 2, -9, 7, None], "_diff": [1, 3, 1, 1, 1]})
     starts = starts.append_column(PROBE_HASH, pa.array(long_hash([starts.column("a")])))
+    starts = starts.append_column(PROBE_PART, pa.array(long_partition_hash([starts.column("a")])))
     by_steps = []
     for a, d, b, t in run(first, starts):
-        hashed = pa.table({"a": [a], "b": [b], "_diff": [d * t], PROBE_HASH: long_hash([pa.array([b])])})
+        hashed = pa.table({"a": [a], "b": [b], "_diff": [d * t], PROBE_HASH: long_hash([pa.array([b])]),
+                           PROBE_PART: long_partition_hash([pa.array([b])])})
         by_steps += run(second, hashed)
     for slice_rows in (1, 2, 1 << 20):
         assert run(ProbeChain([first, second], slice_rows), starts) == sorted(by_steps)
@@ -161,3 +168,50 @@ def test_a_chain_probes_the_product_of_the_probe_before(tmp_path):
 def test_long_hash_leaves_the_hash_as_it_is_at_a_null():
     with_null = long_hash([pa.array([5, 5]), pa.array([None, 7])])
     assert with_null[0] == long_hash([pa.array([5])])[0] and with_null[1] != with_null[0]
+
+
+def test_a_probe_opens_only_the_files_of_the_partitions_its_keys_are_in(tmp_path, monkeypatch):
+    """Files named ``part-<p>-of-<n>`` hold the rows whose key's Murmur3 hash is ``p`` modulo
+    ``n``: a probe searches only the files its keys' partitions name; a batch with a file
+    not so named is searched whole."""
+    from factflow.arrangement import index
+
+    schema = arrow_schema([("e", Kind.LONG), ("v", Kind.LONG), ("_t", Kind.LONG), ("_diff", Kind.LONG)])
+    keys = list(range(40))
+    partition = {k: int(long_partition_hash([pa.array([k])])[0]) % 4 for k in keys}
+    for p in range(4):
+        mine = sorted((k for k in keys if partition[k] == p), key=lambda k: long_hash([pa.array([k])])[0])
+        table = pa.table({"e": mine, "v": [k * 10 for k in mine], "_t": [1] * len(mine), "_diff": [1] * len(mine)},
+                         schema=schema)
+        table = table.append_column(KEY_HASH, pa.array(long_hash([table.column("e")])))
+        with pa.ipc.new_file(str(tmp_path / f"part-{p:05d}-of-00004.arrow"), table.schema) as writer:
+            writer.write_table(table)
+    opened = []
+    real = index._open
+    monkeypatch.setattr(index, "_open", lambda d, n, c: opened.append(n) or real(d, n, c))
+    directory = Location(str(tmp_path))
+    spec = Probe(files=[(directory, f"part-{p:05d}-of-00004.arrow") for p in range(4)], local=[], trace_schema=schema,
+                 prefix_columns=[("k", Kind.LONG), ("_diff", Kind.LONG)], hash_on=[("k", "e")], join_on=[("k", "e")],
+                 values=[("v", "w")], as_of=5)
+    wanted = [k for k in keys if partition[k] == 2][:3]
+    starts = pa.table({"k": wanted, "_diff": [1] * len(wanted)})
+    starts = starts.append_column(PROBE_HASH, pa.array(long_hash([starts.column("k")])))
+    starts = starts.append_column(PROBE_PART, pa.array(long_partition_hash([starts.column("k")])))
+    assert run(spec, starts) == sorted((k, 1, k * 10, 1) for k in wanted)
+    assert opened == ["part-00002-of-00004.arrow"]
+    opened.clear()
+    (tmp_path / "part-00003-of-00004.arrow").rename(tmp_path / "part-00003.arrow")  # one file not so named
+    spec.files[3] = (directory, "part-00003.arrow")
+    assert run(spec, starts) == sorted((k, 1, k * 10, 1) for k in wanted)
+    assert len(opened) == 4
+
+
+def test_the_partition_hash_is_sparks(spark):
+    """``long_partition_hash`` equals Spark's ``hash`` of LONG columns, nulls included, and
+    so the partition hash partitioning puts a row in."""
+    rows = [(1, 2), (-1, None), (2**62, -(2**63)), (0, 0), (None, 5), (123456789012, 987654321)]
+    frame = spark.createDataFrame(rows, "a long, b long")
+    expected = [r[0] for r in frame.selectExpr("hash(a, b)").collect()]
+    table = pa.table({"a": [r[0] for r in rows], "b": [r[1] for r in rows]}, schema=pa.schema(
+        [("a", pa.int64()), ("b", pa.int64())]))
+    assert list(long_partition_hash([table.column("a"), table.column("b")])) == expected

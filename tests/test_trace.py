@@ -206,6 +206,7 @@ def test_a_stored_merge_writes_its_batch_and_index_files_in_one_job(spark, tmp_p
     assert stored.commit() == 2
     merged = trace.batches[0]
     assert not merged.is_local and merged.rows == 3 and merged.index_paths
+    assert all(name.endswith("-of-00002.arrow") for name in merged.index_paths)  # probes open only their partitions
     files = [pa.ipc.open_file(merged.index.file(p)).read_all() for p in merged.index_paths]
     assert all((f.column("_h").to_numpy()[1:] >= f.column("_h").to_numpy()[:-1]).all() for f in files)
     table = pa.concat_tables(files)

@@ -25,9 +25,11 @@ constant relations: :func:`factflow.arrangement.views.lasting_views`); a kept pl
 dropped once one of those views is. At most ``capacity`` plans are kept, the least
 recently used dropped first.
 
-Slots live in the driver's JVM, so binding needs Spark's local mode (tasks in the
-driver's JVM) and factflow's jar on the driver's class path, which factflow's own
-sessions have (:func:`supported`); elsewhere statements are planned every time, as before.
+Slots live in the driver's JVM; a task takes its slots' rows with it, written into the
+task when Spark serializes it to launch it (``BoundRows``' partitions), so executors on
+other hosts read them as tasks in the driver's JVM do. Binding needs factflow's jar on the
+driver's class path and, on a cluster, shipped to the executors, as factflow's own
+sessions have it (:func:`supported`); elsewhere statements are planned every time.
 """
 
 from __future__ import annotations
@@ -78,15 +80,18 @@ def tasks_in_driver_jvm(master: str) -> bool:
 
 
 def supported(spark: "SparkSession") -> bool:
-    """Whether statements on ``spark`` can read bound rows: local mode, with factflow's jar
-    on the driver's class path."""
-    if not tasks_in_driver_jvm(spark.sparkContext.master):
-        return False
+    """Whether statements on ``spark`` can read bound rows: factflow's jar on the driver's
+    class path, and, where tasks run in executors of their own, shipped to them
+    (``spark.jars``, as factflow's sessions on a cluster have it, or their class path)."""
     try:
         spark._jvm.java.lang.Class.forName(_SOURCE)
     except Exception:  # noqa: BLE001 - py4j wraps ClassNotFoundException
         return False
-    return True
+    if tasks_in_driver_jvm(spark.sparkContext.master):
+        return True
+    conf = spark.sparkContext.getConf()
+    shipped = conf.get("spark.jars", "").split(",") + conf.get("spark.executor.extraClassPath", "").split(":")
+    return any(entry.endswith(Path(JAR).name) for entry in shipped if entry)
 
 
 class Binder:

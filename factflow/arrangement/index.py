@@ -10,15 +10,20 @@ logarithm of the batch, never with its size.
 
 Probes run inside Spark tasks, as a ``mapInArrow`` over the probing relation (the
 *prefix*: the rows that need their keys looked up, carrying ``_ph``, the same hash of
-their key columns computed by Spark so both sides hash identically). A probe reads every
-index file of the trace's stored batches and the trace's small batches, shipped with the
-probe as Arrow tables; keeps the updates at or before the epoch read; optionally
+their key columns computed by Spark so both sides hash identically, and ``_pp``, Spark's
+Murmur3 hash of them). A stored batch is hash-partitioned by its key, each file holding one
+partition: where its name says so (``part-<p>-of-<n>.arrow``, checked by the task that
+wrote it), a probe opens only the files of the partitions ``pmod(_pp, n)`` its keys fall
+in, not every file of every batch; that matters most when the files are in an object
+store and each first open on an executor is a fetch (:mod:`factflow.storage.cache`). A
+probe reads those index files of the trace's stored batches and the trace's small
+batches, shipped with the probe as Arrow tables; keeps the updates at or before the epoch read; optionally
 consolidates them to the set they describe; and joins them to the prefix by Arrow's hash
 join. Its output is the prefix's columns, the trace's requested value columns and
 ``_tdiff``, the trace rows' diffs, so the SQL around it multiplies or sums as it needs.
 Probes that follow one another in a pipeline run as one :class:`ProbeChain`, in one
 worker: the rows between them stay in Python, hashed there as Spark hashes them
-(:func:`long_hash`, for LONG keys).
+(:func:`long_hash` and :func:`long_partition_hash`, for LONG keys).
 
 Files are written once and never changed; a worker process keeps the files it opened
 memory-mapped (bounded, least recently used first), so the operating system's page
@@ -32,6 +37,7 @@ can read from shared storage.
 
 from __future__ import annotations
 
+import re
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
@@ -47,7 +53,8 @@ from factflow.model.types import Kind, spark_type
 from factflow.storage.cache import local_file
 from factflow.storage.location import Location
 
-__all__ = ["KEY_HASH", "PROBE_HASH", "TRACE_DIFF", "hash_sql", "long_hash", "write_index", "read_index",
+__all__ = ["KEY_HASH", "PROBE_HASH", "PROBE_PART", "TRACE_DIFF", "hash_sql", "partition_hash_sql", "long_hash",
+           "long_partition_hash", "write_index", "read_index",
            "read_index_locally", "remove_index",
            "Probe",
            "ProbeChain",
@@ -55,6 +62,7 @@ __all__ = ["KEY_HASH", "PROBE_HASH", "TRACE_DIFF", "hash_sql", "long_hash", "wri
 
 KEY_HASH = "_h"
 PROBE_HASH = "_ph"
+PROBE_PART = "_pp"
 TRACE_DIFF = "_tdiff"
 _TIME, _DIFF = "_t", "_diff"
 _OPEN_LIMIT = 256
@@ -83,6 +91,12 @@ def hash_sql(columns: Sequence[str]) -> str:
     return "xxhash64(" + ", ".join("`" + c.replace("`", "``") + "`" for c in columns) + ")"
 
 
+def partition_hash_sql(columns: Sequence[str]) -> str:
+    """SQL of the hash Spark partitions rows by ``columns`` with (its Murmur3 ``hash``, seed
+    42: a row of a hash-partitioned frame is in partition ``pmod(hash, n)``)."""
+    return "hash(" + ", ".join("`" + c.replace("`", "``") + "`" for c in columns) + ")"
+
+
 # ------------------------------------------------------------------ writing
 
 def write_index(frame: DataFrame, key: Sequence[str], directory: Location) -> tuple[list[str], int]:
@@ -91,10 +105,16 @@ def write_index(frame: DataFrame, key: Sequence[str], directory: Location) -> tu
     the rows they hold.
 
     Each task sorts its rows by ``_h`` itself (numpy): a Spark sort before the hand-over
-    to Python cost more than the rest of the job's work on a partition."""
+    to Python cost more than the rest of the job's work on a partition. A file whose rows
+    all lie in the hash partition of the key that the task's partition number says (the
+    frame is hash-partitioned by the key, as stored batches are) is named
+    ``part-<p>-of-<n>.arrow``: a probe of that batch then opens only the files its keys can
+    be in (see :meth:`Probe._candidates`). Otherwise it is ``part-<p>.arrow``."""
     directory.makedirs()
-    hashed = frame.selectExpr("*", f"{hash_sql(key)} AS `{KEY_HASH}`")
-    written = hashed.mapInArrow(_IndexWriter(directory), "name STRING, rows BIGINT").collect()
+    partitions = frame._jdf.queryExecution().executedPlan().outputPartitioning().numPartitions()
+    hashed = frame.selectExpr("*", f"{hash_sql(key)} AS `{KEY_HASH}`",
+                              f"pmod({partition_hash_sql(key)}, {partitions}) AS `{PROBE_PART}`")
+    written = hashed.mapInArrow(_IndexWriter(directory, partitions), "name STRING, rows BIGINT").collect()
     return sorted(r["name"] for r in written if r["rows"]), sum(r["rows"] for r in written)
 
 
@@ -102,8 +122,9 @@ class _IndexWriter:
     """The task side of :func:`write_index`: one file per partition, sorted by ``_h``,
     written whole through the directory's :class:`Location`."""
 
-    def __init__(self, directory: Location):
+    def __init__(self, directory: Location, partitions: int):
         self.directory = directory
+        self.partitions = partitions
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
@@ -116,6 +137,9 @@ class _IndexWriter:
         if rows:
             # one record batch per file: its hash column then maps to numpy without a copy
             table = pa.Table.from_batches(rows).combine_chunks()
+            if pc.all(pc.equal(table.column(PROBE_PART), part)).as_py():
+                name = f"part-{part:05d}-of-{self.partitions:05d}.arrow"
+            table = table.drop_columns([PROBE_PART])
             table = table.take(pa.array(np.argsort(table.column(KEY_HASH).to_numpy(), kind="stable")))
             with self.directory.open_output(name) as stream, pa.ipc.new_file(stream, table.schema) as writer:
                 writer.write_table(table, max_chunksize=max(table.num_rows, 1))
@@ -254,14 +278,18 @@ class Probe:
         the product SQL takes of a lone probe) and ``_ph`` computed here."""
         diff = pc.multiply(product.column(_DIFF), product.column(TRACE_DIFF))
         columns = [diff if name == _DIFF else product.column(name) for name, _ in self.prefix_columns]
-        hashes = long_hash([product.column(p) for p, _ in self.hash_on])
-        return pa.Table.from_arrays(columns + [pa.array(hashes)], [n for n, _ in self.prefix_columns] + [PROBE_HASH])
+        keys = [product.column(p) for p, _ in self.hash_on]
+        return pa.Table.from_arrays(columns + [pa.array(long_hash(keys)), pa.array(long_partition_hash(keys))],
+                                    [n for n, _ in self.prefix_columns] + [PROBE_HASH, PROBE_PART])
 
-    def _candidates(self, hashes: np.ndarray) -> pa.Table:
-        """Trace rows whose key hash is among ``hashes`` (local batches: all their rows)."""
-        wanted = np.unique(hashes)
+    def _candidates(self, prefix: pa.Table) -> pa.Table:
+        """Trace rows whose key hash is among the prefix's (local batches: all their rows),
+        opening of a batch whose files are named by hash partition only those its keys can
+        be in (see :func:`write_index`)."""
+        hashes = prefix.column(PROBE_HASH).to_numpy()
+        partition_hashes = prefix.column(PROBE_PART).to_numpy()
         parts = []
-        for directory, name in self.files:
+        for directory, name, wanted in self._files_to_open(hashes, partition_hashes):
             table, sorted_hashes = _open(directory, name, self.cache_bytes)
             lo = np.searchsorted(sorted_hashes, wanted, side="left")
             hi = np.searchsorted(sorted_hashes, wanted, side="right")
@@ -274,8 +302,27 @@ class Probe:
             return self.trace_schema.empty_table()
         return pa.concat_tables([p.cast(self.trace_schema) for p in parts])
 
+    def _files_to_open(self, hashes: np.ndarray,
+                       partition_hashes: np.ndarray) -> Iterator[tuple[Location, str, np.ndarray]]:
+        """Each index file to search, with the sorted distinct key hashes to search it for."""
+        by_directory: dict[Location, list[str]] = {}
+        for directory, name in self.files:
+            by_directory.setdefault(directory, []).append(name)
+        everything = np.unique(hashes)
+        for directory, names in by_directory.items():
+            routed = [_ROUTED.fullmatch(name) for name in names]
+            counts = {int(m.group(2)) for m in routed if m}
+            if not all(routed) or len(counts) != 1:
+                yield from ((directory, name, everything) for name in names)
+                continue
+            partition = np.mod(partition_hashes.astype(np.int64), counts.pop())
+            for name, match in zip(names, routed):
+                mine = partition == int(match.group(1))
+                if mine.any():
+                    yield directory, name, np.unique(hashes[mine])
+
     def _probe(self, prefix: pa.Table) -> pa.Table:
-        rows = self._candidates(prefix.column(PROBE_HASH).to_numpy())
+        rows = self._candidates(prefix)
         rows = rows.filter(pc.less_equal(rows.column(_TIME), self.as_of))
         data = [n for n in self.trace_schema.names if n not in (_TIME, _DIFF)]
         if self.present:
@@ -294,7 +341,7 @@ class Probe:
             distinct_keys = prefix.select(keys).group_by(keys).aggregate([])
             # (in the output's column order: the trace's may differ, as in a reverse index)
             return rows.join(distinct_keys, keys=keys, join_type="left semi").select([n for n, _ in self.output])
-        joined = prefix.drop_columns([PROBE_HASH]).join(rows, keys=keys,
+        joined = prefix.drop_columns([PROBE_HASH, PROBE_PART]).join(rows, keys=keys,
                                                        join_type="inner" if self.how == "inner" else "left outer")
         if self.how == "left":
             joined = joined.set_column(joined.schema.get_field_index(TRACE_DIFF), TRACE_DIFF,
@@ -351,6 +398,41 @@ class ProbeChain:
         following = self.probes[position + 1]
         for start in range(0, out.num_rows, self.slice_rows):
             yield from self._from(position + 1, following._prefix_after(out.slice(start, self.slice_rows)))
+
+
+# Spark's Murmur3 hash (seed 42) of LONG columns, the 32-bit arithmetic wrapping in uint32
+_M_C1, _M_C2, _M_N, _M_F1, _M_F2 = (np.uint32(c) for c in (0xCC9E2D51, 0x1B873593, 0xE6546B64, 0x85EBCA6B, 0xC2B2AE35))
+_ROUTED = re.compile(r"part-(\d+)-of-(\d+)\.arrow")
+
+
+def _rotl32(x: np.ndarray, bits: int) -> np.ndarray:
+    return (x << np.uint32(bits)) | (x >> np.uint32(32 - bits))
+
+
+def _mix(h: np.ndarray, k: np.ndarray) -> np.ndarray:
+    k = _rotl32(k * _M_C1, 15) * _M_C2
+    return _rotl32(h ^ k, 13) * np.uint32(5) + _M_N
+
+
+def long_partition_hash(columns: Sequence[pa.Array | pa.ChunkedArray]) -> np.ndarray:
+    """Spark's ``hash`` (Murmur3, seed 42) of LONG ``columns`` (what
+    :func:`partition_hash_sql` computes, and hash partitioning uses), vectorized: each
+    non-null value is hashed into the hash so far, its low then its high 32 bits, a null
+    leaves it as it is."""
+    with np.errstate(over="ignore"):
+        h = np.full(len(columns[0]) if columns else 0, 42, dtype=np.uint32)
+        for column in columns:
+            values = pc.fill_null(column, 0).to_numpy().astype(np.int64, copy=False).view(np.uint64)
+            step = _mix(_mix(h, (values & np.uint64(0xFFFFFFFF)).astype(np.uint32)),
+                        (values >> np.uint64(32)).astype(np.uint32))
+            step ^= np.uint32(8)
+            step ^= step >> np.uint32(16)
+            step *= _M_F1
+            step ^= step >> np.uint32(13)
+            step *= _M_F2
+            step ^= step >> np.uint32(16)
+            h = np.where(pc.is_valid(column).to_numpy(zero_copy_only=False), step, h)
+    return h.view(np.int32)
 
 
 # Spark's xxhash64 (seed 42) of LONG columns, the 64-bit arithmetic wrapping in uint64

@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Sequence
 
 from factflow.arrangement.batch import DIFF
-from factflow.arrangement.index import PROBE_HASH, TRACE_DIFF, Probe, ProbeChain, hash_sql
+from factflow.arrangement.index import PROBE_HASH, PROBE_PART, TRACE_DIFF, Probe, ProbeChain, hash_sql, partition_hash_sql
 from factflow.arrangement.trace import TraceHandle
 from factflow.dataflow import zset
 from factflow.dataflow.context import EpochContext
@@ -94,5 +94,8 @@ def _spec(cx: EpochContext, handle: TraceHandle, prefix_columns: Sequence[tuple[
 
 
 def _hashed(cx: EpochContext, prefix: str, spec: Probe) -> "DataFrame":
-    """``prefix`` with ``_ph``, the hash of the probe's key columns, computed by Spark."""
-    return cx.frame(f"(SELECT *, {hash_sql([p for p, _ in spec.hash_on])} AS {PROBE_HASH} FROM {prefix})")
+    """``prefix`` with ``_ph`` and ``_pp``, the hashes of the probe's key columns that index
+    files are sorted and partitioned by, computed by Spark."""
+    keys = [p for p, _ in spec.hash_on]
+    return cx.frame(f"(SELECT *, {hash_sql(keys)} AS {PROBE_HASH}, {partition_hash_sql(keys)} AS {PROBE_PART} "
+                    f"FROM {prefix})")

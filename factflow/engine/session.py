@@ -183,6 +183,9 @@ def create_session(master: str | None = None, app_name: str = "factflow",
     settings = {**DEFAULT_SPARK_CONF, **(conf or {}), **quiet}
     settings[_DRIVER_OPTIONS] = _exit_on_out_of_memory(settings.get(_DRIVER_OPTIONS, ""))
     settings[_CLASS_PATH] = _with_jar(settings.get(_CLASS_PATH, ""))
+    if not bound.tasks_in_driver_jvm(master):  # executors read bound rows with the jar's classes
+        settings["spark.jars"] = ",".join(dict.fromkeys(filter(None, [*settings.get("spark.jars", "").split(","),
+                                                                      bound.JAR])))
     builder = SparkSession.builder.appName(app_name).master(master)
     for key, value in settings.items():
         builder = builder.config(key, value)

@@ -2,6 +2,8 @@ package factflow.jvm;
 
 import java.io.ByteArrayInputStream;
 import java.io.IOException;
+import java.io.ObjectInputStream;
+import java.io.ObjectOutputStream;
 import java.util.EnumSet;
 import java.util.Map;
 import java.util.OptionalLong;
@@ -36,10 +38,11 @@ import org.apache.spark.sql.vectorized.ColumnarBatch;
  * A relation whose rows are bound when its plan runs, not when it is planned.
  *
  * <p>The driver binds rows (an Arrow IPC stream) to a named slot with {@link #bind}; a scan of
- * the slot (options {@code slot} and {@code schema}, a DDL string) reads whatever the slot holds
- * when its task runs. A plan over such scans can therefore be planned once and executed again
- * with new rows. The slots live in this JVM: only tasks running in the driver's JVM (Spark's
- * local mode) can read them.
+ * the slot (options {@code slot} and {@code schema}, a DDL string) reads whatever the slot held
+ * when its task was sent. A plan over such scans can therefore be planned once and executed
+ * again with new rows. The slots live in the driver's JVM; a task takes the rows with it: its
+ * partition writes the slot's current rows when Spark serializes the task to launch it (on the
+ * driver, at every launch, in local mode as on a cluster), and reads them back in the executor.
  *
  * <p>The scan reports one partition and a size of one byte, so that Spark's planner keeps a
  * small statement in one partition (see factflow's {@code EngineConfig.small_conf}).
@@ -113,10 +116,31 @@ public final class BoundRows implements TableProvider {
   }
 
   private static final class SlotPartition implements InputPartition {
+    private static final long serialVersionUID = 1L;
     final String slot;
+    /** The slot's rows as the task was serialized (null in the object the driver keeps). */
+    transient byte[] rows;
 
     SlotPartition(String slot) {
       this.slot = slot;
+    }
+
+    private void writeObject(ObjectOutputStream out) throws IOException {
+      out.defaultWriteObject();
+      byte[] bound = SLOTS.get(slot);
+      out.writeInt(bound == null ? -1 : bound.length);
+      if (bound != null) {
+        out.write(bound);
+      }
+    }
+
+    private void readObject(ObjectInputStream in) throws IOException, ClassNotFoundException {
+      in.defaultReadObject();
+      int length = in.readInt();
+      if (length >= 0) {
+        rows = new byte[length];
+        in.readFully(rows);
+      }
     }
   }
 
@@ -130,10 +154,10 @@ public final class BoundRows implements TableProvider {
 
     @Override
     public PartitionReader<ColumnarBatch> createColumnarReader(InputPartition partition) {
-      String slot = ((SlotPartition) partition).slot;
-      byte[] rows = SLOTS.get(slot);
+      SlotPartition slot = (SlotPartition) partition;
+      byte[] rows = slot.rows != null ? slot.rows : SLOTS.get(slot.slot);
       if (rows == null) {
-        throw new IllegalStateException("no rows are bound to " + slot + " (tasks must run in the driver's JVM)");
+        throw new IllegalStateException("no rows are bound to " + slot.slot);
       }
       return new SlotReader(rows);
     }

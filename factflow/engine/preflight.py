@@ -12,8 +12,8 @@ driver's temporary directory, for one, exists on no other host. Without a check 
 query fails deep inside a task with a raw ``PythonException`` or ``FileNotFoundError``.
 
 So an engine first runs :func:`check_executors`: one small Spark job (the RDD API, which
-needs nothing but the interpreter) with a task on every executor (a barrier stage of as
-many tasks as the application has cores, so every executor runs one). Each task reports
+needs nothing but the interpreter) whose tasks reach every executor the driver knows of
+(two per executor, each pausing a moment; more rounds while one has none). Each task reports
 its host, the interpreter it runs in, its Python version and the version of every module
 factflow's tasks import (pyarrow, numpy, pandas, factflow itself, with a digest of
 factflow's source), and whether it can use the state location: read a file the driver
@@ -135,19 +135,23 @@ def check_executors(spark: SparkSession, location: Location) -> None:
 
 
 def _on_every_executor(sc, reporter: "_Reporter", local: bool) -> list[str]:
-    """Run ``reporter`` in a task on every executor: a barrier stage of as many tasks as
-    the application has cores (all run at once, so no executor is left out); where the
-    cluster cannot run one (dynamic allocation, slots taken), ordinary tasks."""
-    tasks = max(1, sc.defaultParallelism)
-    rdd = sc.parallelize(range(tasks), tasks)
+    """Run ``reporter`` in tasks until every executor the driver knows has run one: at least
+    two tasks per executor (each lingering a moment, so that one executor does not take
+    them all), up to three rounds with twice as many tasks each (in local mode one round
+    of the application's parallelism)."""
     if local:
-        return rdd.mapPartitions(reporter).collect()
-    try:
-        return rdd.barrier().mapPartitions(reporter).collect()
-    except Exception as exc:  # noqa: BLE001 - py4j wraps Spark's refusal of a barrier stage
-        if "barrier" not in str(exc).lower():
-            raise
-        return rdd.mapPartitions(reporter).collect()
+        tasks = max(1, sc.defaultParallelism)
+        return sc.parallelize(range(tasks), tasks).mapPartitions(reporter).collect()
+    driver = sc.getConf().get("spark.driver.host", None)
+    expected = {info.host() for info in sc._jsc.sc().statusTracker().getExecutorInfos() if info.host() != driver}
+    tasks = max(sc.defaultParallelism, 2 * len(expected), 1)
+    reports: list[str] = []
+    for _ in range(3):
+        reports += sc.parallelize(range(tasks), tasks).mapPartitions(reporter.lingering).collect()
+        if expected <= {json.loads(r)["host"] for r in reports}:
+            break
+        tasks *= 2
+    return reports
 
 
 class _Reporter:
@@ -158,6 +162,14 @@ class _Reporter:
         self.uri = None if location is None else location.uri
         self.options = None if location is None else location.options
         self.probe = probe
+
+    def lingering(self, rows: Iterable[int]) -> Iterator[str]:
+        """:meth:`__call__`, after a moment's pause that leaves other executors time to take
+        the other tasks."""
+        import time
+
+        time.sleep(0.2)
+        return self(rows)
 
     def __call__(self, _: Iterable[int]) -> Iterator[str]:
         import importlib

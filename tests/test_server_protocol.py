@@ -95,6 +95,29 @@ def test_outbox_overflows_past_its_bound():
     assert run(scenario()) == (True, None)
 
 
+def test_outbox_makes_room_for_the_next_chunk_of_a_large_epoch():
+    # the server pushes an epoch's later chunks once they fit beside what waits, or after
+    # its wait: a client that never reads is then dropped as too slow, as before
+    async def scenario():
+        box = Outbox(max_rows=5)
+        box.changes("diff", "q", 1, [((i,), 1) for i in range(3)])
+        room = asyncio.create_task(box.room(3, wait=5))
+        await asyncio.sleep(0.05)
+        blocked = not room.done()  # 3 more rows would not fit beside the 3 waiting
+        first = await box.next()
+        await asyncio.wait_for(room, 1)  # sending them made room
+        box.changes("diff", "q", 1, [((i,), 1) for i in range(3, 6)])
+        second = await box.next()
+        box.changes("diff", "q", 2, [((i,), 1) for i in range(3)])
+        await box.room(3, wait=0.1)  # nobody reads: it gives up waiting
+        box.changes("diff", "q", 2, [((i,), 1) for i in range(3, 6)])
+        return blocked, first, second, box.overflowed
+
+    blocked, first, second, overflowed = run(scenario())
+    assert blocked and len(first["changes"]) == len(second["changes"]) == 3 and first["epoch"] == 1
+    assert overflowed
+
+
 def test_outbox_granularity_holds_diffs_for_the_window():
     async def scenario():
         box = Outbox(max_rows=100)

@@ -29,12 +29,16 @@ that no file holds more than N rows; :meth:`FiledRows.chunks` then reads them on
 driver one file at a time through the storage layer (no Spark job, at most N rows in
 memory), which is how a large change set reaches subscribers.
 
-Files are removed by their holder (:meth:`FiledRows.remove`, or the directory as a whole).
+Files are removed by their holder (:meth:`FiledRows.remove`, or the directory as a
+whole); rows that several readers take in turn (a delivery, then the sinks it feeds, on
+their own threads) are held by a :class:`HeldRows`, which removes them when the last
+reader is done.
 """
 
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
@@ -46,7 +50,7 @@ from pyspark.sql import types as T
 from factflow.arrangement.index import read_index, write_index
 from factflow.storage.location import Location
 
-__all__ = ["FiledRows"]
+__all__ = ["FiledRows", "HeldRows"]
 
 
 @dataclass(frozen=True)
@@ -99,6 +103,31 @@ class FiledRows:
             yield table.select(self.schema.fieldNames()).to_pandas()
 
     def remove(self) -> None:
-        """Delete the files (their directories stay, to go with the root)."""
-        for name in self.names:
-            self.root.remove(name)
+        """Delete the files and the directories :meth:`write` made for them."""
+        for part in dict.fromkeys(name.rsplit("/", 1)[0] for name in self.names):
+            self.root.remove_tree(part)
+
+
+class HeldRows:
+    """:class:`FiledRows` that several readers take in turn: each :meth:`hold` is matched
+    by a :meth:`release` (the maker's hold included), and the last release removes their
+    root directory, which holds nothing else."""
+
+    def __init__(self, files: FiledRows):
+        self.files = files
+        self._holds = 1
+        self._lock = threading.Lock()
+
+    def hold(self) -> "HeldRows":
+        """One more reader (before the current ones may release); returns this."""
+        with self._lock:
+            self._holds += 1
+        return self
+
+    def release(self) -> None:
+        """A reader is done; the last one removes the files."""
+        with self._lock:
+            self._holds -= 1
+            done = self._holds == 0
+        if done:
+            self.files.root.remove_tree()

@@ -45,6 +45,7 @@ class EpochContext:
         self.spark = spark
         self.views: list[str] = []  # temp views registered for this evaluation (dropped after it)
         self._probes: bool | None = None  # None: probe in small epochs only
+        self._single_partition: bool | None = None  # None: as small
         self._memo: dict[tuple[int, str], str | None] = {}
         self._sql = Statement(single_partition=small)
         #: probe products and the chains that make them (see :func:`factflow.dataflow.lookup.probe_product`)
@@ -61,9 +62,15 @@ class EpochContext:
         pipeline that starts from a constant (see :meth:`child`)."""
         return self.small and not self.install if self._probes is None else self._probes
 
+    @property
+    def single_partition(self) -> bool:
+        """Whether the subqueries defined here are read as one partition (see
+        :class:`Statement`): in small epochs, unless a :meth:`child` says otherwise."""
+        return self.small if self._single_partition is None else self._single_partition
+
     def define(self, sql: str) -> str:
         """Name a subquery; returns the name to use in FROM clauses."""
-        return self._sql.define(sql)
+        return self._sql.define(sql, self._single_partition)
 
     def frame(self, relation: str) -> "DataFrame":
         """A relation of this evaluation as a lazy DataFrame (to apply a task-side function)."""
@@ -82,16 +89,19 @@ class EpochContext:
             self._memo[key] = build()
         return self._memo[key]
 
-    def child(self, probes: bool | None = None) -> "EpochContext":
+    def child(self, probes: bool | None = None, single_partition: bool | None = None) -> "EpochContext":
         """A context for one step of an iterative operator (or one selective pipeline): the
         same epoch, statement and memoized relations, whose memo entries it may then
-        replace without affecting this one; ``probes`` overrides whether it probes."""
+        replace without affecting this one; ``probes`` overrides whether it probes, and
+        ``single_partition`` whether its subqueries are read as one partition (a step over
+        large relations in a small epoch is better spread over the session's partitions)."""
         sub = EpochContext(self.epoch, self.spark, self.install, self.small)
         sub._memo = dict(self._memo)
         sub._sql = self._sql
         sub.views = self.views
         sub.chains = self.chains
         sub._probes = self._probes if probes is None else probes
+        sub._single_partition = self._single_partition if single_partition is None else single_partition
         return sub
 
     def set(self, owner: object, what: str, relation: str | None) -> None:

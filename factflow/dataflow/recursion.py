@@ -40,7 +40,11 @@ iterates in Spark with the same statements. Membership tests against these
 sets (a frontier minus what is present, a state minus what is deleted) are plain semi
 and anti joins on whole rows: the sets hold each row once, so making their rows
 distinct first, as :func:`zset.semijoin` does for arbitrary keys, would only add an
-aggregation and a shuffle to every iteration (a fifth of grid150's install time). Goal-directed calls
+aggregation and a shuffle to every iteration (a fifth of grid150's install time). For the
+same reason, where a statement is spread over partitions (not a small epoch's single
+partition), a body's bindings are distributed by the rule's columns before they are
+consolidated: consolidating them, taking their distinct heads and testing those against
+the present set then need one shuffle of the bindings instead of three. Goal-directed calls
 (:mod:`factflow.planner.magic`) reach this class as ordinary components of adorned and
 magic rules, their seed a leaf relation like any other.
 """
@@ -191,6 +195,8 @@ class Fixpoint(Node):
         d = plan.read(sub, Version.NEW) if whole else plan.delta(sub)
         if d is None:
             return None
+        if not sub.single_partition and head:
+            d = sub.define(f"SELECT * FROM {d} DISTRIBUTE BY {', '.join(ident(c) for c in dict.fromkeys(head))}")
         bindings = sub.define(zset.consolidate(d, plan.names))
         names = self._names(body.rule)
         outs = [f"{ident(c)} AS {ident(n)}" for c, n in zip(head, names)]

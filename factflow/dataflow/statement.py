@@ -45,10 +45,12 @@ class Statement:
         self._defs: dict[str, str] = {}
         self._single_partition = single_partition
 
-    def define(self, sql: str) -> str:
-        """Name a subquery; returns the name to use in FROM clauses."""
+    def define(self, sql: str, single_partition: bool | None = None) -> str:
+        """Name a subquery; returns the name to use in FROM clauses. ``single_partition``
+        overrides the statement's for this subquery."""
         name = f"__r{len(self._defs) + 1}"
-        if self._single_partition and (" JOIN " in sql or " UNION " in sql):
+        coalesce = self._single_partition if single_partition is None else single_partition
+        if coalesce and (" JOIN " in sql or " UNION " in sql):
             sql = one_partition(f"({sql})")
         self._defs[name] = sql
         return name

@@ -20,6 +20,17 @@ window's timer (:meth:`Deliveries.release`, on the timer's thread) or when the q
 closes. A query's sinks (:mod:`factflow.io.sinks`) get each delivery after its
 subscribers; they only queue it for their writer threads.
 
+**Large change sets.** An epoch that changes a query by more rows than a fetch may bring
+to the driver (``EngineConfig.fetch_limit``) leaves its changes in Spark, consolidated and
+written as files of at most that many rows (:class:`~factflow.arrangement.filed.HeldRows`,
+see :meth:`factflow.engine.evaluation.Evaluation.run`). Its subscribers receive it in
+chunks: one call per file, in turn, each with at most ``fetch_limit`` rows, all labelled
+with the epoch, every chunk read on the driver just before its call; the calls of one
+epoch come before those of the next, and their changes sum to the epoch's. Its sinks
+write it from Spark, reading the files (never through pandas), and the files go once the
+delivery and every sink have them written. Such an epoch is not folded into a
+granularity window: what the window holds is delivered first, then the large epoch.
+
 The delivery lock is only ever taken without the engine lock held, and a subscriber
 takes the engine lock only inside it, so the two locks cannot deadlock. A subscriber must
 not wait for another thread's ``transact``, though: that call returns only once its epoch
@@ -38,6 +49,8 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 from factflow.arrangement.batch import DIFF
+from factflow.arrangement.filed import HeldRows
+from factflow.io.sinks import SparkChanges
 
 if TYPE_CHECKING:  # pragma: no cover
     from factflow.engine.feeds import AttributeFeed
@@ -52,12 +65,14 @@ log = logging.getLogger("factflow.engine")
 class Notice:
     """The changes of one query (or attribute feed) in one epoch, for the subscribers it had
     when the epoch committed; for a query also as a frame (:meth:`Query._output`), which its
-    window and sinks take (``changes`` is then empty when the query has a window)."""
+    window and sinks take (``changes`` is then empty when the query has a window), or, for
+    a large change set, ``held`` in Spark instead of either (delivered in chunks)."""
 
     source: "Query | AttributeFeed"
     subscribers: tuple["Subscriber", ...]
     changes: list[tuple[tuple, int]]
     frame: pd.DataFrame | None = None
+    held: HeldRows | None = None
 
 
 class Deliveries:
@@ -107,6 +122,9 @@ class Deliveries:
 
 def _deliver(epoch: int, notice: Notice) -> None:
     """Deliver a committed epoch's notice, or hold it in its query's window."""
+    if notice.held is not None:
+        _deliver_held(epoch, notice)
+        return
     window = getattr(notice.source, "window", None)
     if window is not None and window.offer(epoch, notice.frame, time.monotonic()) is None:
         return
@@ -114,6 +132,22 @@ def _deliver(epoch: int, notice: Notice) -> None:
         notice = Notice(notice.source, notice.subscribers, notice.source._changes(notice.frame, DIFF), notice.frame)
     _notify(epoch, notice)
     _write(epoch, notice)
+
+
+def _deliver_held(epoch: int, notice: Notice) -> None:
+    """Deliver a change set kept in Spark: the query's held window first, then the change
+    set in chunks to the subscribers, then to the sinks (see the module docs)."""
+    query, held = notice.source, notice.held
+    try:
+        if query.window is not None:
+            _release(query)
+        if any(fn in query._subscribers for fn in notice.subscribers):
+            for chunk in held.files.chunks():
+                _notify(epoch, Notice(query, notice.subscribers, query._changes(chunk, DIFF)))
+        for sink in query._sinks:
+            sink.offer(epoch, SparkChanges(held.hold(), query._sink_columns()))
+    finally:
+        held.release()
 
 
 def _release(query: "Query") -> None:

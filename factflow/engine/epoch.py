@@ -36,6 +36,7 @@ import pandas as pd
 
 from factflow.arrangement.batch import DIFF
 from factflow.arrangement.bound import binding
+from factflow.arrangement.filed import HeldRows
 from factflow.dataflow.context import EpochContext
 from factflow.dataflow.nodes import OUT, Stateful
 from factflow.engine import transaction
@@ -82,6 +83,7 @@ def run_epoch(state: EngineState, tx: Any, group_prefix: str, epoch_log: list[Ep
     label_jobs(sc, group, f"factflow epoch {epoch}")
     started = time.perf_counter()
     phases: dict[str, float] = {}
+    outputs: dict[Stateful, pd.DataFrame | HeldRows] = {}
     try:
         sc.setJobDescription(f"epoch {epoch}: transaction")
         prepared = transaction.prepare(tx, state.schema, spark, state.config.local_limit)
@@ -100,7 +102,8 @@ def run_epoch(state: EngineState, tx: Any, group_prefix: str, epoch_log: list[Ep
         with binding(binder):
             outputs, kept = state.evaluate(
                 [q.dataflow for q in affected], EpochContext(epoch, state.spark, small=prepared.small),
-                subscribed={n for q in affected for n in q.dataflow.outputs(q.has_subscribers)})
+                subscribed={n: None if q.pulls else q.dataflow.report_columns
+                            for q in affected for n in q.dataflow.outputs(q.has_subscribers)})
         phases["queries"] = time.perf_counter() - mark
         if journal is not None:
             mark = time.perf_counter()
@@ -108,15 +111,18 @@ def run_epoch(state: EngineState, tx: Any, group_prefix: str, epoch_log: list[Ep
             journal(epoch, changed, offsets or {})
             phases["log"] = time.perf_counter() - mark
     except FactflowError:
+        _release_held(outputs)
         state.rollback(epoch)
         raise
     except Exception as exc:
         if not driver_alive(spark):
             raise ExecutionError(f"epoch {epoch} failed: the Spark driver is gone ({_first_line(exc)}); "
                                  "the engine is closed") from exc
+        _release_held(outputs)
         state.rollback(epoch)
         raise ExecutionError(f"epoch {epoch} failed in Spark and was rolled back: {_first_line(exc)}") from exc
     except BaseException:
+        _release_held(outputs)
         state.rollback(epoch)
         raise
     state.epoch = epoch
@@ -136,6 +142,13 @@ def run_epoch(state: EngineState, tx: Any, group_prefix: str, epoch_log: list[Ep
     return epoch
 
 
+def _release_held(outputs: dict[Stateful, pd.DataFrame | HeldRows]) -> None:
+    """Remove the change sets a failed epoch kept in Spark for its subscribers."""
+    for out in outputs.values():
+        if isinstance(out, HeldRows):
+            out.release()
+
+
 def _first_line(exc: BaseException) -> str:
     """The first line of an error's text (Spark's carry a JVM stack trace)."""
     text = str(exc).strip()
@@ -153,10 +166,11 @@ def _feed_notices(state: EngineState, watched: dict[int, pd.DataFrame]) -> list[
     return notices
 
 
-def _notices(affected: list[Query], outputs: dict[Stateful, pd.DataFrame]) -> list[Notice]:
+def _notices(affected: list[Query], outputs: dict[Stateful, pd.DataFrame | HeldRows]) -> list[Notice]:
     """The consolidated changes of every query with subscribers or sinks whose result changed
     (computed once the epoch is committed: queries with pulls update their rows on the
-    driver every epoch)."""
+    driver every epoch). A change set kept in Spark goes into its notice as it is (see
+    :mod:`factflow.engine.delivery`)."""
     notices = []
     for q in affected:
         if q.pulls:
@@ -165,7 +179,9 @@ def _notices(affected: list[Query], outputs: dict[Stateful, pd.DataFrame]) -> li
                 notices.append(Notice(q, q.subscribers, changes))
             continue
         out = outputs.get(q.dataflow.result)
-        if out is not None and q.has_subscribers:
+        if isinstance(out, HeldRows):
+            notices.append(Notice(q, q.subscribers, [], held=out))
+        elif out is not None and q.has_subscribers:
             frame = q._output(out, OUT if OUT in out.columns else DIFF)
             if len(frame):
                 changes = q._changes(frame, DIFF) if q.subscribers and q.window is None else []

@@ -56,10 +56,11 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
 from factflow.arrangement.batch import DIFF, checkpoint, local_relation, release_checkpoint
-from factflow.arrangement.filed import FiledRows
+from factflow.arrangement.filed import FiledRows, HeldRows
 from factflow.arrangement.index import remove_index
 from factflow.arrangement.trace import Trace
 from factflow.arrangement.views import drop_view, one_partition, register_view
+from factflow.dataflow import zset
 from factflow.dataflow.context import EpochContext
 from factflow.dataflow.nodes import OUT, Columns, Distinct, Node, Stateful
 from factflow.dataflow.recursion import Fixpoint
@@ -91,12 +92,14 @@ class Evaluation:
     """One evaluation of a set of stateful operators; :meth:`run` commits and returns outputs."""
 
     def __init__(self, spark: SparkSession, cx: EpochContext, small_statements: "Callable[[], AbstractContextManager]",
-                 fetch_limit: int, directory: Location, recompute_fraction: float = 0.5):
+                 fetch_limit: int, directory: Location, recompute_fraction: float = 0.5,
+                 small_rows: int = 20_000):
         self.spark = spark
         self.cx = cx
         self.small_statements = small_statements
         self.fetch_limit = fetch_limit
         self.recompute_fraction = recompute_fraction
+        self.small_rows = small_rows
         #: traces whose pending rows this small evaluation kept in Spark instead of fetching them
         self.kept: list[str] = []
         self._views: list[str] = []
@@ -104,10 +107,12 @@ class Evaluation:
         #: rows of the materialized relations of fixpoints: on the driver, in files, or both
         self._local: dict[str, pd.DataFrame] = {}
         self._files: dict[str, FiledRows] = {}
-        #: where this evaluation writes the sets it keeps in Spark (created on the first write)
+        #: where this evaluation writes the sets it keeps in Spark (created on the first
+        #: write, removed at the end), and where large outputs go (removed by their readers)
+        self._root = directory
         self._directory = directory.child(f"evaluation-{uuid.uuid4().hex}")
         self._writes = 0
-        self._large: set[str] = set()  # keys of collect whose latest rows exceeded their share
+        self._counts: dict[str, tuple[int, int]] = {}  # per key of collect: its rows in the two latest calls
         self._large_state = False  # whether the fixpoint running holds more tuples than a fetch may bring
 
     def schedule(self, nodes: list[Stateful]) -> list[list[tuple[Stateful, str]]]:
@@ -137,9 +142,18 @@ class Evaluation:
         cx = self.cx
         return isinstance(node, Distinct) and not cx.small and not cx.install
 
-    def run(self, nodes: list[Node], subscribed: set, description: str) -> dict[Stateful, pd.DataFrame]:
-        """Compute, commit and return the pending rows of ``nodes`` (outputs of result operators)."""
-        outputs: dict[Stateful, pd.DataFrame] = {}
+    def run(self, nodes: list[Node], subscribed: dict[Stateful, list[str] | None],
+            description: str) -> dict[Stateful, pd.DataFrame | HeldRows]:
+        """Compute, commit and return the pending rows of ``nodes`` (outputs of result operators).
+
+        ``subscribed`` maps the result operators whose rows a bulk evaluation must return
+        to the columns their subscribers receive changes on (None: the whole rows, on the
+        driver, as pull stages need them). A small evaluation returns every result
+        operator's rows it fetched. Rows of a subscribed operator beyond ``fetch_limit``
+        are returned as its changes, consolidated onto those columns, kept in Spark as
+        files of at most ``fetch_limit`` rows each (:class:`HeldRows`, the caller's to
+        release)."""
+        outputs: dict[Stateful, pd.DataFrame | HeldRows] = {}
         try:
             for number, steps in enumerate(self.schedule(nodes)):
                 label = f"{description} (round {number + 1})" if number else description
@@ -180,10 +194,13 @@ class Evaluation:
         cx = self.cx
         self._large_state = sum(handle.tuples for handle in node.handles.values()) > self.fetch_limit
         writes = self._writes
-        changes = node.run(cx, self, label, self.recompute_fraction)
+        # a large component's iterations read its sets in full: by SQL joins over the
+        # session's partitions, even in a small epoch (not by probes, in one partition)
+        run_cx = cx.child(probes=False, single_partition=False) if self._large_state else cx
+        changes = node.run(run_cx, self, label, self.recompute_fraction)
         in_spark = self._writes > writes
-        fetched = self._fetch_rows(cx, {r: (c, node.rules[r]) for r, c in changes.items()
-                                        if r not in self._large and not in_spark}, f"{label}: changes")
+        fetched = {} if in_spark else self._fetch_rows(
+            cx, {r: (c, node.rules[r]) for r, c in changes.items()}, f"{label}: changes", small=True)
         for rule, output in node.outputs.items():
             frame = fetched.get(rule)
             if rule not in changes:
@@ -205,28 +222,37 @@ class Evaluation:
         of ``fetch_limit`` (one job for all), else into files in Spark (a job for each); per
         key, the materialized relation and its row count.
 
-        A key whose rows exceeded their share is written to Spark directly the next time
-        (its relation computed once, not fetched first), until its rows are within the
-        share again. Local checkpoints would not do for the rows kept in Spark: unions of
-        several of them over the same views trip Spark 4.1's optimizer (attribute lookups
-        fail in PruneFilters); files read back by :class:`FiledRows` share no plan.
+        A key whose rows are expected over their share is written to Spark at once rather
+        than fetched first (a failed fetch computes the relation in vain): the rows of its
+        latest call, grown at the rate of the two latest calls. Fetches run as small
+        statements (one partition, nothing compiled) only while the keys expect at most
+        ``small_rows`` rows and no set of the evaluation is in Spark. Local checkpoints
+        would not do for the rows kept in Spark: unions of several of them over the same
+        views trip Spark 4.1's optimizer (attribute lookups fail in PruneFilters); files
+        read back by :class:`FiledRows` share no plan.
         """
         if not relations:
             return {}
         share = max(self.fetch_limit // len(relations), 1)
-        fetched = self._fetch_rows(cx, {k: v for k, v in relations.items() if k not in self._large}, label)
+        expected = {key: self._expected(key) for key in relations}
+        fetched = self._fetch_rows(cx, {k: v for k, v in relations.items() if expected[k] <= share}, label,
+                                   small=max(expected.values()) <= self.small_rows)
         out = {}
         for key, (relation, columns) in relations.items():
             frame = fetched.get(key)
             if frame is not None:
                 out[key] = (self._local_relation(frame, columns), len(frame))
-                continue
-            sc = self.spark.sparkContext
-            sc.setJobDescription(f"{label}: {key} in Spark")
-            files = self._write(self.spark.sql(cx.statement(f"SELECT * FROM {relation}")))
-            (self._large.add if files.rows > share else self._large.discard)(key)
-            out[key] = (self._relation(files, None, columns), files.rows)
+            else:
+                self.spark.sparkContext.setJobDescription(f"{label}: {key} in Spark")
+                files = self._write(self.spark.sql(cx.statement(f"SELECT * FROM {relation}")))
+                out[key] = (self._relation(files, None, columns), files.rows)
+            self._counts[key] = (self._counts.get(key, (0, 0))[1], out[key][1])
         return out
+
+    def _expected(self, key: str) -> int:
+        """The rows the next call of ``key`` is expected to have (see :meth:`collect`)."""
+        before, latest = self._counts.get(key, (0, 0))
+        return latest * latest // before if before else latest
 
     def concat(self, relations: list[str], columns: Columns) -> str:
         """One relation holding the rows of materialized ``relations``: the driver-held rows
@@ -242,17 +268,17 @@ class Evaluation:
             together, rows = (FiledRows.concat([together, written]) if together else written), None
         return self._relation(together, rows, columns)
 
-    def _fetch_rows(self, cx: EpochContext, relations: dict[str, tuple[str, Columns]],
-                    label: str) -> dict[str, pd.DataFrame | None]:
+    def _fetch_rows(self, cx: EpochContext, relations: dict[str, tuple[str, Columns]], label: str,
+                    small: bool) -> dict[str, pd.DataFrame | None]:
         """Per key, the rows of the relation fetched to the driver with one job, or None
-        when they exceed their share of ``fetch_limit`` (shared by every key of the
-        ``collect`` in question). Small statements unless the evaluation reads large sets."""
+        when they exceed their share of ``fetch_limit``; as small statements if ``small``
+        and the evaluation reads no large sets."""
         if not relations:
             return {}
         collector = Collector()
         for relation, columns in relations.values():
             collector.add(f"(SELECT * FROM {relation})", list(columns) + [(DIFF, Kind.LONG)])
-        if self._files or self._large_state:
+        if not small or self._files or self._large_state:
             frames = collector.run(self.spark, cx, self.fetch_limit, label)
         else:
             with self.small_statements():
@@ -260,8 +286,13 @@ class Evaluation:
         return dict(zip(relations, frames))
 
     def _write(self, frame: DataFrame) -> FiledRows:
-        """``frame``'s rows kept in Spark, as files of this evaluation (one job)."""
+        """``frame``'s rows kept in Spark, as files of this evaluation (one job): at least a
+        file per shuffle partition, since a statement reads a file per task (a set computed
+        in one partition, from a small relation, would otherwise be read by one task)."""
         self._writes += 1
+        partitions = int(self.spark.conf.get("spark.sql.shuffle.partitions"))
+        if frame._jdf.queryExecution().executedPlan().outputPartitioning().numPartitions() < partitions:
+            frame = frame.repartition(partitions)
         return FiledRows.write(frame, self._directory, str(self._writes))
 
     def _relation(self, files: FiledRows | None, local: pd.DataFrame | None, columns: Columns) -> str:
@@ -280,16 +311,11 @@ class Evaluation:
     def _append_stored(self, trace: Trace, relation: str, label: str) -> str | None:
         """Checkpoint ``relation`` (a consolidated change) organized as ``trace`` stores it,
         append it and return a view of it (None when it has no rows)."""
-        self.spark.sparkContext.setJobDescription(label)
-        stored, rows = checkpoint(self._organized(trace, self.spark.sql(self.cx.statement(f"SELECT * FROM {relation}"))))
+        stored, rows, view = self._checkpointed(trace, relation, label)
         if not rows:
-            release_checkpoint(stored)
-            return None
-        view = register_view(stored, prefix="ff_p")
-        self._views.append(view)
-        batch = trace.append_stored(stored.select(*trace.layout.names, DIFF), rows, self.cx.epoch, stored)
-        if batch is None or not batch.owns_stored:
             self._stored.append(stored)
+            return None
+        self._append(trace, stored, rows)
         return view
 
     def _local_relation(self, data: pd.DataFrame, columns: Columns) -> str:
@@ -334,27 +360,49 @@ class Evaluation:
     # ------------------------------------------------------------ bulk epochs and installs: keep in Spark
     def _store(self, steps, outputs, subscribed, label: str) -> None:
         cx = self.cx
-        sc = self.spark.sparkContext
         for node, step in steps:  # inputs first, so later operators read materialized frames
             relation = node.state_delta(cx) if step == STATE else node.pending(cx)
             if relation is None:
                 continue
-            frame = self._organized(node.writer, self.spark.sql(cx.statement(f"SELECT * FROM {relation}")))
-            sc.setJobDescription(f"{label}: {node.writer.name} ({step})")
-            stored, rows = checkpoint(frame)
-            view = register_view(stored, prefix="ff_p")
-            self._views.append(view)
+            stored, rows, view = self._checkpointed(node.writer, relation, f"{label}: {node.writer.name} ({step})")
             if step == STATE:
                 cx.set(node, "state", view)
                 self._stored.append(stored)
                 continue
             node.adopt(cx, view)
-            batch = node.writer.append_stored(stored.select(*node.names, DIFF), rows, cx.epoch, stored)
-            if batch is None or not batch.owns_stored:
-                self._stored.append(stored)
+            self._append(node.writer, stored, rows)
             if node in subscribed:
-                sc.setJobDescription(f"{label}: output of {node.writer.name}")
-                outputs[node] = stored.toArrow().to_pandas()
+                outputs[node] = self._output(node, stored, view, rows, subscribed[node], label)
+
+    def _checkpointed(self, trace: Trace, relation: str, label: str) -> tuple[DataFrame, int, str]:
+        """``relation`` organized as ``trace`` stores batches and checkpointed (one job): the
+        checkpoint, its rows and a view of it."""
+        frame = self._organized(trace, self.spark.sql(self.cx.statement(f"SELECT * FROM {relation}")))
+        self.spark.sparkContext.setJobDescription(label)
+        stored, rows = checkpoint(frame)
+        view = register_view(stored, prefix="ff_p")
+        self._views.append(view)
+        return stored, rows, view
+
+    def _append(self, trace: Trace, stored: DataFrame, rows: int) -> None:
+        """Append a checkpointed change to ``trace``; the checkpoint is released when the
+        evaluation ends unless the batch now owns it."""
+        batch = trace.append_stored(stored.select(*trace.layout.names, DIFF), rows, self.cx.epoch, stored)
+        if batch is None or not batch.owns_stored:
+            self._stored.append(stored)
+
+    def _output(self, node: Stateful, stored: DataFrame, view: str, rows: int, columns: list[str] | None,
+                label: str) -> pd.DataFrame | HeldRows:
+        """A subscribed operator's rows: fetched whole when they fit in one fetch (or when
+        wanted whole), else its changes on ``columns`` written to Spark in chunks (one job)."""
+        self.spark.sparkContext.setJobDescription(f"{label}: output of {node.writer.name}")
+        if columns is None or rows <= self.fetch_limit:
+            return stored.toArrow().to_pandas()
+        diff = OUT if isinstance(node, Distinct) else DIFF
+        picked = ", ".join([zset.ident(c) for c in columns] + [f"{zset.ident(diff)} AS {zset.ident(DIFF)}"])
+        changes = self.spark.sql(zset.consolidate(f"(SELECT {picked} FROM {view})", columns))
+        root = self._root.child(f"changes-{uuid.uuid4().hex}")
+        return HeldRows(FiledRows.write(changes, root, "rows", chunk=self.fetch_limit, expected=rows))
 
     def _organized(self, trace: Trace, frame: DataFrame) -> DataFrame:
         """``frame`` organized as ``trace`` stores batches. An install's rows that Spark

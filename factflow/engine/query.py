@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import re
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+import uuid
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 import pandas as pd
 from pyspark.sql import DataFrame
 
 from factflow.arrangement.batch import DIFF
+from factflow.arrangement.filed import FiledRows, HeldRows
 from factflow.dataflow import zset
 from factflow.dataflow.nodes import OUT, Distinct, Stateful
 from factflow.dataflow.zset import ident
@@ -129,18 +131,51 @@ class Query:
     def rows(self, as_of: int | None = None) -> dict[tuple, int]:
         """The result as of the latest closed epoch (or of the epoch ``as_of``, within the
         query's slack: :class:`factflow.HistoryError` otherwise) as ``{row_tuple:
-        multiplicity}``, whatever the find spec (read under the engine lock, see the class docs)."""
+        multiplicity}``, whatever the find spec (read under the engine lock, see the class
+        docs; a result larger than a fetch is read as :meth:`chunks` does)."""
+        return {row: n for chunk in self.chunks(as_of) for row, n in chunk}
+
+    def chunks(self, as_of: int | None = None) -> Iterator[list[tuple[tuple, int]]]:
+        """The result as :meth:`rows` gives it, in chunks of ``(row_tuple, multiplicity)``
+        pairs: one chunk when the result trace holds at most ``EngineConfig.fetch_limit``
+        rows (one fetch), else chunks of at most that many rows, which Spark writes once,
+        under the engine lock, and the driver reads one at a time (so the driver's JVM never
+        holds the whole result, and a caller that consumes each chunk never does either)."""
+        held = pulled = None
         with self._lock:
             self._check()
             if self._pull is not None:
                 if as_of is not None:
                     raise QueryError(f"query {self.name}: as_of reads are not supported for pull queries yet")
-                return self._pull.results()
-            frame = self._engine.spark.sql(self._current_sql(as_of))
-            self._engine.spark.sparkContext.setJobDescription(f"results of {self.name}")
-            data = frame.toArrow().to_pandas()
+                pulled = list(self._pull.results().items())
+            else:
+                spark, limit = self._engine.spark, self._engine.config.fetch_limit
+                frame = spark.sql(self._current_sql(as_of))
+                spark.sparkContext.setJobDescription(f"results of {self.name}")
+                expected = self.dataflow.result.handle.tuples
+                if expected <= limit:
+                    data = frame.toArrow().to_pandas()
+                else:
+                    root = self._engine.policy.directory.child(f"results-{uuid.uuid4().hex}")
+                    held = HeldRows(FiledRows.write(frame, root, "rows", chunk=limit, expected=expected))
+        if pulled is not None:
+            return iter([pulled])
+        if held is None:
+            return iter([self._pairs(data)])
+        return self._read(held)
+
+    def _read(self, held: HeldRows) -> Iterator[list[tuple[tuple, int]]]:
+        """The chunks of a result written by :meth:`chunks`, removed once read (or dropped)."""
+        try:
+            for data in held.files.chunks():
+                yield self._pairs(data)
+        finally:
+            held.release()
+
+    def _pairs(self, data: pd.DataFrame) -> list[tuple[tuple, int]]:
+        """Rows of a consolidated result frame as ``(row_tuple, multiplicity)`` pairs."""
         rows = self._decode(python_rows(data, self._report()))
-        return dict(zip(rows, data[DIFF].astype("int64").tolist()))
+        return list(zip(rows, data[DIFF].astype("int64").tolist()))
 
     def results(self, as_of: int | None = None) -> Any:
         """The result as of the latest closed epoch (or of ``as_of``, as in :meth:`rows`),
@@ -200,6 +235,14 @@ class Query:
         waits for a running epoch), in increasing order, and none after ``unsubscribe()``
         returns, unless its call is already under way. It is called outside the engine lock;
         if it raises, the error is logged and the epoch stays committed.
+
+        Chunks: ``changes`` holds at most ``EngineConfig.fetch_limit`` rows. An epoch that
+        changes the result by more rows than that comes in several calls with the same
+        epoch, one after another, before any call of a later epoch; each row changes in
+        one chunk only, and the chunks sum to the epoch's changes. They are kept in Spark
+        and read one chunk at a time, so neither the driver's JVM nor Python holds more
+        than a chunk for the delivery (see :mod:`factflow.engine.delivery`). A smaller
+        epoch is one call, as always.
         """
         with self._lock:
             self._check()
@@ -293,8 +336,11 @@ class Query:
 
     def _sink_frame(self, frame: pd.DataFrame) -> pd.DataFrame:
         """An :meth:`_output` frame with the column names sinks write."""
-        names = {col: name for col, name, _ in self._output_columns()}
-        return frame.rename(columns={**names, DIFF: CHANGE})
+        return frame.rename(columns=self._sink_columns())
+
+    def _sink_columns(self) -> dict[str, str]:
+        """The name sinks write for each column of an :meth:`_output` frame."""
+        return {**{col: name for col, name, _ in self._output_columns()}, DIFF: CHANGE}
 
     def _changes(self, frame: pd.DataFrame, diff: str) -> list[tuple[tuple, int]]:
         """One epoch's output rows of the result operator as consolidated ``(row, diff)`` pairs, as subscribers get them."""

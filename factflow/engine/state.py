@@ -137,7 +137,8 @@ class EngineState:
         names = ", ".join(df.name for df in dataflows)
         what = f"install {names}" if cx.install else f"epoch {cx.epoch}: queries {names}"
         evaluation = Evaluation(self.spark, cx, partial(small_statements, self.spark, self.config.small_conf),
-                                self.config.fetch_limit, self.policy.directory, self.config.recompute_fraction)
+                                self.config.fetch_limit, self.policy.directory, self.config.recompute_fraction,
+                                self.config.local_limit)
         return evaluation.run(nodes, subscribed, what), evaluation.kept
 
     def advance(self, epoch: int) -> None:

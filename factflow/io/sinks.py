@@ -32,9 +32,12 @@ epochs missed while the engine was down are folded into ``E``. ``L > E`` (a dire
 another engine wrote, or a non-durable engine restarted at 0) is refused.
 
 **Off the delivery path.** Each sink has a writer thread: delivering an epoch only
-queues its changes (a pandas frame the epoch fetched anyway), so subscribers and
-``transact`` never wait for a write. The thread writes whatever is queued in one Spark
-job (every epoch still its own directory), labelled ``factflow sink QUERY epoch N``. A
+queues its changes (a pandas frame the epoch fetched anyway, or, for an epoch with more
+changes than a fetch may bring to the driver, the files Spark keeps them in: a
+:class:`SparkChanges`, written from Spark without passing through the driver), so
+subscribers and ``transact`` never wait for a write. The thread writes whatever is
+queued in one Spark job (every epoch still its own directory), labelled ``factflow sink
+QUERY epoch N``. A
 failing write is logged and retried with the next epoch (or at :meth:`SinkWriter.close`),
 its epochs kept meanwhile; the epoch is never rolled back. The cost is one Spark write
 job per epoch the writer keeps up with, plus in snapshot mode a read of the previous
@@ -58,13 +61,14 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from factflow.arrangement.filed import HeldRows
 from factflow.engine.session import label_jobs
 from factflow.errors import SinkError
 from factflow.model.frames import spark_frame
 from factflow.model.types import Kind, spark_type
 from factflow.storage.files import fsync_dir, write_atomic
 
-__all__ = ["Sink", "SinkWriter", "sinks_of", "EPOCH", "CHANGE", "FORMATS", "MODES", "sink_schema", "last_epoch", "read_sink"]
+__all__ = ["Sink", "SinkWriter", "SparkChanges", "sinks_of", "EPOCH", "CHANGE", "FORMATS", "MODES", "sink_schema", "last_epoch", "read_sink"]
 
 log = logging.getLogger("factflow.sinks")
 
@@ -96,6 +100,36 @@ class Sink:
             raise SinkError(f"unknown sink format {self.format!r} (one of {', '.join(FORMATS)})")
         if self.mode not in MODES:
             raise SinkError(f"unknown sink mode {self.mode!r} (one of {', '.join(MODES)})")
+
+
+@dataclass(frozen=True)
+class SparkChanges:
+    """An epoch's changes kept in Spark (``held``, whose hold the sink releases once it
+    has written them), and the sink's name for each of their columns."""
+
+    held: HeldRows
+    columns: dict[str, str]
+
+    def frame(self, spark: SparkSession) -> DataFrame:
+        """The changes as a Spark DataFrame with the sink's column names."""
+        return self.held.files.frame(spark).select(*[F.col(f"`{a}`").alias(b) for a, b in self.columns.items()])
+
+    def release(self) -> None:
+        """The sink is done with the changes."""
+        self.held.release()
+
+
+class _Written:
+    """A Spark DataFrame queued as an epoch's changes (the install's result, retried)."""
+
+    def __init__(self, frame: DataFrame):
+        self._frame = frame
+
+    def frame(self, spark: SparkSession) -> DataFrame:
+        return self._frame
+
+    def release(self) -> None:
+        """Nothing to release."""
 
 
 def sinks_of(sink: "Sink | Sequence[Sink]") -> list[Sink]:
@@ -150,7 +184,7 @@ class SinkWriter:
                                    + [T.StructField(CHANGE, T.LongType(), False),
                                       T.StructField(EPOCH, T.LongType(), False)])
         self.last = self._open()
-        self._pending: list[tuple[int, pd.DataFrame]] = []
+        self._pending: list[tuple[int, pd.DataFrame | SparkChanges | _Written]] = []
         self._offers = 0  # epochs offered so far; a failed write is retried once this grows
         self._failed_at: int | None = None  # the offer count at the last failure
         self._writing = False
@@ -199,18 +233,20 @@ class SinkWriter:
             except Exception:  # noqa: BLE001 - kept and retried with the next epoch
                 log.exception("sink %s of query %s: writing epoch %d failed (retried with the next epoch)",
                               self.sink.path, self.query, epoch)
-                self._pending.append((epoch, result.toPandas()))
+                self._pending.append((epoch, _Written(result)))
                 self._failed_at = 0
         self._thread = threading.Thread(target=self._run, name=f"factflow sink {self.query}", daemon=True)
         self._thread.start()
 
     # ------------------------------------------------------------ the queue
-    def offer(self, epoch: int, frame: pd.DataFrame) -> None:
-        """Queue an epoch's changes (output columns and ``diff``) for the writer thread."""
+    def offer(self, epoch: int, frame: pd.DataFrame | SparkChanges) -> None:
+        """Queue an epoch's changes (output columns and ``diff``) for the writer thread;
+        the sink releases :class:`SparkChanges` once written (or when it stops)."""
         with self._cond:
             if self._stopping:
+                _release([(epoch, frame)])
                 return
-            if len(frame):
+            if not isinstance(frame, pd.DataFrame) or len(frame):
                 self._pending.append((epoch, frame))
             self._offers += 1
             self._cond.notify_all()
@@ -233,6 +269,8 @@ class SinkWriter:
         if self._pending:
             log.error("sink %s of query %s closed with epochs %s unwritten", self.sink.path, self.query,
                       [e for e, _ in self._pending])
+            _release(self._pending)
+            self._pending = []
 
     def _failed(self) -> bool:
         return self._failed_at is not None and self._failed_at == self._offers
@@ -254,16 +292,23 @@ class SinkWriter:
                 failed = offers
             with self._cond:
                 done = self.last if self.last is not None else -1
+                _release([(e, f) for e, f in self._pending if e <= done])
                 self._pending = [(e, f) for e, f in self._pending if e > done]
                 self._failed_at = failed
                 self._writing = False
                 self._cond.notify_all()
 
     # ------------------------------------------------------------ writing
-    def _write_batch(self, batch: list[tuple[int, pd.DataFrame]]) -> None:
+    def _write_batch(self, batch: list[tuple[int, pd.DataFrame | SparkChanges | _Written]]) -> None:
         epochs = [e for e, _ in batch]
-        frame = pd.concat([f.assign(**{EPOCH: e}) for e, f in batch], ignore_index=True)
-        changes = spark_frame(self.spark, frame[self.names + [CHANGE, EPOCH]], self.schema)
+        local = [f.assign(**{EPOCH: e}) for e, f in batch if isinstance(f, pd.DataFrame)]
+        parts = [spark_frame(self.spark, pd.concat(local, ignore_index=True)[self.names + [CHANGE, EPOCH]],
+                             self.schema)] if local else []
+        parts += [f.frame(self.spark).select(*self.names, CHANGE).withColumn(EPOCH, F.lit(e).cast("long"))
+                  for e, f in batch if not isinstance(f, pd.DataFrame)]
+        changes = parts[0]
+        for part in parts[1:]:
+            changes = changes.unionByName(part)
         if self.sink.mode == "diffs":
             self._write(changes, epochs)
             return
@@ -301,6 +346,13 @@ class SinkWriter:
         if self.sink.mode == "snapshot":
             for old in _epochs(path)[:-2]:
                 shutil.rmtree(os.path.join(path, f"{EPOCH}={old}"), ignore_errors=True)
+
+
+def _release(items: list[tuple[int, pd.DataFrame | SparkChanges | _Written]]) -> None:
+    """Give up the changes kept in Spark among queued ``items``."""
+    for _, item in items:
+        if not isinstance(item, pd.DataFrame):
+            item.release()
 
 
 def _consolidate(frame: DataFrame, names: list[str]) -> DataFrame:

@@ -11,6 +11,12 @@ directory, and goes only when a client drops it. Every epoch's
 changes of a query fan out from one engine subscriber to the outboxes of the clients
 interested in it, and an attribute's changes to the clients subscribed to it.
 
+Large results and change sets come in chunks of at most ``EngineConfig.fetch_limit`` rows
+(:meth:`Query.chunks`, :meth:`Query.subscribe`), each pushed as a ``diff`` message of its
+own with the same epoch. The chunks after an epoch's first are pushed *paced*: the server
+waits until a client has room for them (see :class:`factflow.server.server.ServerConfig`),
+so that what waits for a client stays bounded while it reads a large epoch.
+
 Only the command thread (:mod:`factflow.server.worker`) touches this registry.
 """
 
@@ -26,8 +32,9 @@ from factflow.text import plural
 
 __all__ = ["Interests", "Listener", "Push"]
 
-#: ``push(listener, kind, name, epoch, changes, first)`` queues changes for a client.
-Push = Callable[["Listener", str, str, int, list, bool], None]
+#: ``push(listener, kind, name, epoch, changes, first, paced)`` queues changes for a client
+#: (``paced``: once it has room for them).
+Push = Callable[["Listener", str, str, int, list, bool, bool], None]
 
 
 class Listener:
@@ -46,6 +53,7 @@ class _Shared:
     identity: str  # the fingerprint of the query's plan
     query: Query
     listeners: dict[str, Listener] = field(default_factory=dict)
+    epoch: int | None = None  # the epoch whose changes were pushed last
 
 
 class Interests:
@@ -68,7 +76,8 @@ class Interests:
     def interest(self, listener: Listener, name: str | None, text: str, inputs: list, join: str,
                  durable: bool = False) -> Query:
         """Add ``listener`` to the query ``name`` (installing it if new, making it durable if
-        asked); pushes its current result as the first change and returns the query. Without
+        asked); pushes its current result as the first change (in chunks when it is large:
+        several messages at the same epoch, never folded) and returns the query. Without
         a name, the query is named after its plan's fingerprint, so that every client asking
         it shares it."""
         if durable and not self.engine.durable:
@@ -88,8 +97,8 @@ class Interests:
             self.engine.query(plan, name=name, durable=True)
         shared.listeners[listener.client_id] = listener
         listener.queries.add(name)
-        current = list(shared.query.rows().items())
-        self._push(listener, "diff", name, self.engine.epoch, current, True)
+        for number, chunk in enumerate(shared.query.chunks()):
+            self._push(listener, "diff", name, self.engine.epoch, chunk, True, number > 0)
         return shared.query
 
     def uninterest(self, listener: Listener, name: str) -> None:
@@ -173,10 +182,12 @@ class Interests:
         return {name: len(shared.listeners) for name, shared in self._queries.items()}
 
     def _fan_out(self, shared: _Shared, epoch: int, changes: list) -> None:
+        paced = shared.epoch == epoch  # a further chunk of the epoch (see the module docs)
+        shared.epoch = epoch
         for listener in list(shared.listeners.values()):
-            self._push(listener, "diff", shared.query.name, epoch, changes, False)
+            self._push(listener, "diff", shared.query.name, epoch, changes, False, paced)
 
     def _fan_out_attribute(self, key: str, listeners: dict[str, Listener], epoch: int, changes: list) -> None:
         for listener in list(listeners.values()):
-            self._push(listener, "attribute", key, epoch, changes, False)
+            self._push(listener, "attribute", key, epoch, changes, False, False)
 

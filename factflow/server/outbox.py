@@ -69,6 +69,7 @@ class Outbox:
         self._throttles: dict[str, Throttle] = {}  # query -> its granularity's timing
         self._rows = 0
         self._ready = asyncio.Event()
+        self._freed = asyncio.Event()  # set whenever waiting rows are sent or the outbox closes
         self.overflowed = False
         self.closed = False
 
@@ -136,6 +137,20 @@ class Outbox:
         if held.rows:
             self.changes(held.kind, name, held.epoch, list(held.rows.items()), always=False)
 
+    async def room(self, rows: int, wait: float) -> None:
+        """Wait until ``rows`` more change rows fit beside those waiting (or nothing waits,
+        or the outbox is closed), at most ``wait`` seconds."""
+        deadline = asyncio.get_running_loop().time() + wait
+        while not (self.closed or self.overflowed) and self._rows and self._rows + rows > self.max_rows:
+            remaining = deadline - asyncio.get_running_loop().time()
+            if remaining <= 0:
+                return
+            self._freed.clear()
+            try:
+                await asyncio.wait_for(self._freed.wait(), remaining)
+            except TimeoutError:
+                return
+
     def _grow(self, rows: int) -> None:
         self._rows += rows
         if self._rows > self.max_rows and not self.overflowed:
@@ -159,6 +174,7 @@ class Outbox:
             if self._waiting.get((item.kind, item.name)) is item:
                 del self._waiting[(item.kind, item.name)]
             self._rows -= len(item.rows)
+            self._freed.set()
             throttle = self._throttles.get(item.name) if item.kind == "diff" else None
             if throttle is not None:
                 throttle.sent(time.monotonic())
@@ -169,6 +185,7 @@ class Outbox:
         """Stop: the writer returns None once what is queued is sent."""
         self.closed = True
         self._ready.set()
+        self._freed.set()
 
     @property
     def waiting_rows(self) -> int:

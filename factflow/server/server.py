@@ -60,11 +60,15 @@ def _check_exposure(host: str, token: str | None) -> None:
 class ServerConfig:
     """Limits of a server: ``max_frame_bytes`` (a larger frame closes the connection with
     1009), ``max_waiting_rows`` (change rows waiting for a slow client before it is
-    dropped with 1008)."""
+    dropped with 1008), ``chunk_wait`` (seconds the command thread waits, per chunk of a
+    large epoch or result, for a client to have room for it before pushing it anyway,
+    see :mod:`factflow.server.interests`)."""
 
-    def __init__(self, max_frame_bytes: int = 16 * 1024 * 1024, max_waiting_rows: int = 1_000_000):
+    def __init__(self, max_frame_bytes: int = 16 * 1024 * 1024, max_waiting_rows: int = 1_000_000,
+                 chunk_wait: float = 30.0):
         self.max_frame_bytes = max_frame_bytes
         self.max_waiting_rows = max_waiting_rows
+        self.chunk_wait = chunk_wait
 
 
 class _Connection:
@@ -222,14 +226,31 @@ class Server:
 
     # ------------------------------------------------------------ from the command thread
     def _push_threadsafe(self, listener: Listener, kind: str, name: str, epoch: int, changes: list,
-                         first: bool) -> None:
-        self._loop.call_soon_threadsafe(self._push, listener.client_id, kind, name, epoch, changes, first)
+                         first: bool, paced: bool) -> None:
+        if not paced:
+            self._loop.call_soon_threadsafe(self._push, listener.client_id, kind, name, epoch, changes, first)
+            return
+        wait = self.config.chunk_wait
+        pushed = asyncio.run_coroutine_threadsafe(
+            self._push_paced(listener.client_id, kind, name, epoch, changes, first, wait), self._loop)
+        try:
+            pushed.result(wait + 5)
+        except Exception:  # noqa: BLE001 - a stopping loop: the client goes with it
+            pushed.cancel()
 
     def _push(self, client_id: str, kind: str, name: str, epoch: int, changes: list, first: bool) -> None:
         connection = self._connections.get(client_id)
         if connection is None:
             return
         connection.outbox.changes(kind, name, epoch, changes, always=first)
+
+    async def _push_paced(self, client_id: str, kind: str, name: str, epoch: int, changes: list, first: bool,
+                          wait: float) -> None:
+        """Push once the client's outbox has room for ``changes`` (or after ``wait`` seconds)."""
+        connection = self._connections.get(client_id)
+        if connection is not None:
+            await connection.outbox.room(len(changes), wait)
+        self._push(client_id, kind, name, epoch, changes, first)
 
     def _done_threadsafe(self, command: Command, result: Any, error: ProtocolError | None) -> None:
         if command.context is not None:

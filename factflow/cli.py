@@ -5,7 +5,7 @@ Each command is a handler ``handler(args) -> exit status`` attached to its subpa
 one subparser. A :class:`~factflow.errors.FactflowError` from a handler prints
 ``factflow: <message>`` on stderr and exits with status 1.
 
-``factflow serve [--host H] [--port P] [--master URL] [--token-file FILE]`` runs the
+``factflow serve [--host H] [--port P] [--master URL] [--token-file FILE] [--tenants FILE]`` runs the
 server in the foreground (it prints ``factflow serving ws://H:P`` when ready). Commands
 talking to a server take its ``ws://HOST:PORT/`` address and ``--token-file``::
 
@@ -87,6 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--port", type=int, default=6262, help="port (default 6262; 0 picks a free one)")
     sub.add_argument("--master", help="Spark master (default: local[*])")
     sub.add_argument("--token-file", metavar="FILE", help="a file holding the token clients must present")
+    sub.add_argument("--tenants", metavar="FILE",
+                     help="a JSON file of tenants and admins, each with the SHA-256 of its token "
+                          "(see factflow.server.tenants); with --token-file too, that token is an admin's")
     sub.add_argument("--state-dir", metavar="DIR", help="keep the engine's state durable in DIR, a path or an object "
                                                       "store URI such as s3://bucket/path (see docs/storage.md)")
     _storage_option_argument(sub)
@@ -162,11 +165,13 @@ def demo(args: argparse.Namespace) -> int:
 def serve(args: argparse.Namespace) -> int:
     """``factflow serve``: run the server in the foreground until Ctrl-C, SIGTERM or ``shutdown``."""
     from factflow.server import ServerConfig, serve as run_server
+    from factflow.server.tenants import Tenants
 
     config = ServerConfig(max_frame_bytes=int(args.max_frame_mib * 1024 * 1024), max_waiting_rows=args.max_waiting_rows)
+    tenants = Tenants.load(args.tenants) if args.tenants else None
     return run_server(args.host, args.port, master=args.master, token=_read_token(args.token_file),
                       state_dir=args.state_dir, config=config, announce=lambda line: print(line, flush=True),
-                      storage_options=dict(args.storage_option) or None)
+                      storage_options=dict(args.storage_option) or None, tenants=tenants)
 
 
 def tx(args: argparse.Namespace) -> int:

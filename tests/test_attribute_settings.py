@@ -105,8 +105,10 @@ def test_settings_survive_a_restart_from_the_log_and_from_a_checkpoint(spark, tm
     db.close()
     for step in ("log", "checkpoint"):
         db = Engine(spark=spark, state_dir=str(tmp_path), config=config)
-        assert db.schema.get(":d/fwd").settings == {"index": "forward", "support": "basic", "slack": 0}, step
-        assert db.schema.get(":d/plain").settings == {"index": "both", "support": "wco", "slack": 0}, step
+        assert db.schema.get(":d/fwd").settings == {"index": "forward", "support": "basic", "slack": 0,
+                                                    "parameter": False}, step
+        assert db.schema.get(":d/plain").settings == {"index": "both", "support": "wco", "slack": 0,
+                                                      "parameter": False}, step
         with pytest.raises(QueryError, match="support='basic'"):
             db.query("[:find ?a ?c :where [?a :d/fwd ?b] [?b :d/fwd ?c]]", join="delta")
         assert db.query("[:find ?a :where [?a :d/fwd 3]]").rows() == {(2,): 1}
@@ -128,7 +130,7 @@ def test_a_checkpoint_written_before_settings_opens_with_the_defaults(spark, tmp
     manifest["attributes"] = [a[:3] for a in manifest["attributes"]]  # as written before settings
     write_atomic(str(manifest_path), sealed_json(manifest))
     db = Engine(spark=spark, state_dir=str(tmp_path), config=config)
-    assert db.schema.get(":d/old").settings == {"index": "both", "support": "wco", "slack": 0}
+    assert db.schema.get(":d/old").settings == {"index": "both", "support": "wco", "slack": 0, "parameter": False}
     assert db.query("[:find ?v :where [1 :d/old ?v]]").rows() == {(7,): 1}
     db.close()
 
@@ -137,8 +139,8 @@ def test_settings_travel_over_the_server(engine):
     with ServerThread(engine) as server, Client(server.url, timeout=300) as client:
         reply = client.create_attribute(":srv/edge", type="ref", index="forward", support="delta", slack=2)
         assert reply == {"name": ":srv/edge", "type": "ref", "semantics": "set", "index": "forward",
-                         "support": "delta", "slack": 2}
-        assert engine.schema.get(":srv/edge").settings == {"index": "forward", "support": "delta", "slack": 2}
+                         "support": "delta", "slack": 2, "parameter": False}
+        assert engine.schema.get(":srv/edge").settings == {"index": "forward", "support": "delta", "slack": 2, "parameter": False}
         with pytest.raises(Exception, match="conflict|already exists"):
             client.create_attribute(":srv/edge", type="ref")
 

@@ -75,7 +75,7 @@ def wait_until(condition, seconds: float = 60) -> None:
 
 def test_queries_assemble_the_engines_results_and_subscribers_read_their_writes(client, ns, engine_served):
     assert client.create_attribute(f":{ns}/name", type="string", semantics="one") == {
-        "name": f":{ns}/name", "type": "string", "semantics": "one", "index": "both", "support": "wco", "slack": 0}
+        "name": f":{ns}/name", "type": "string", "semantics": "one", "index": "both", "support": "wco", "slack": 0, "parameter": False}
     client.create_attribute(f":{ns}/knows", type="ref")
     client.transact([add(1, f":{ns}/name", "Ann"), add(2, f":{ns}/name", "Bo"), add(1, f":{ns}/knows", 2)])
     text = f"[:find ?n ?m :where [?x :{ns}/knows ?y] [?x :{ns}/name ?n] [?y :{ns}/name ?m]]"

@@ -93,7 +93,7 @@ def test_slack_is_checked_and_kept_in_the_durable_catalog(spark, tmp_path):
                 db.query("[:find ?e :where [?e :s/x _]]", slack=bad)
             with pytest.raises(SchemaError, match="slack"):
                 db.create_attribute(":s/y", type="long", slack=bad)
-        with pytest.raises(SchemaError, match=r"long/set/both/wco/0 \(type/semantics/index/support/slack\).*long/set/both/wco/2"):
+        with pytest.raises(SchemaError, match=r"long/set/both/wco/0/false \(type/semantics/index/support/slack/parameter\).*long/set/both/wco/2/false"):
             db.create_attribute(":s/x", type="long", slack=2)
         q = db.query("[:find ?e :where [?e :s/x _]]", slack=2)
         with pytest.raises(HistoryError, match="as_of must be an epoch"):

@@ -22,7 +22,7 @@ from websockets.frames import CloseCode
 
 from factflow.client.messages import (
     PROTOCOL_VERSION, Push, QueryHandle, QueryState, Subscriber, Subscribers, UpdatesBase, as_row, close_description,
-    decode_frame, default_query_name, encode_request, is_push, read_push, reply_result,
+    decode_frame, encode_request, identity, interest_request, is_push, read_push, reply_result,
 )
 from factflow.errors import ConnectionClosedError, RequestTimeoutError, ServerError
 
@@ -45,11 +45,15 @@ class AsyncClient:
     :class:`factflow.client.Client`."""
 
     def __init__(self, url: str, token: str | None = None, timeout: float | None = None,
-                 connect_timeout: float = 10.0):
+                 connect_timeout: float = 10.0, keep: bool = False):
         self.url = url
         self.timeout = timeout
         self.client_id: str | None = None
+        self.tenant: str | None = None
+        self.role: str | None = None
+        self.entity: int | None = None
         self._token = token
+        self._keep = keep
         self._connect_timeout = connect_timeout
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future] = {}
@@ -62,9 +66,9 @@ class AsyncClient:
 
     @classmethod
     async def connect(cls, url: str, token: str | None = None, timeout: float | None = None,
-                      connect_timeout: float = 10.0) -> "AsyncClient":
+                      connect_timeout: float = 10.0, keep: bool = False) -> "AsyncClient":
         """Open a connection and say hello."""
-        client = cls(url, token, timeout, connect_timeout)
+        client = cls(url, token, timeout, connect_timeout, keep)
         await client._open()
         return client
 
@@ -75,17 +79,18 @@ class AsyncClient:
             raise ConnectionClosedError(f"cannot connect to {self.url}: {exc}") from exc
         self._reader = asyncio.create_task(self._read(), name="factflow-client-reader")
         try:
-            self.client_id = (await self.request("hello", protocol=PROTOCOL_VERSION, token=self._token))["client"]
+            hello = await self.request("hello", protocol=PROTOCOL_VERSION, token=self._token, keep=self._keep or None)
+            self.client_id, self.tenant, self.role, self.entity = identity(hello)
         except BaseException:
             await self.close()
             raise
 
     # ------------------------------------------------------------ the engine's operations
     async def create_attribute(self, name: str, type: str = "string", semantics: str = "set", index: str = "both",
-                               support: str = "wco", slack: int = 0) -> dict[str, str]:
-        """Define an attribute; returns its ``name``, ``type``, ``semantics``, ``index`` and ``support``."""
+                               support: str = "wco", slack: int = 0, parameter: bool = False) -> dict[str, str]:
+        """Define an attribute (see :meth:`factflow.client.Client.create_attribute`)."""
         return await self.request("create-attribute", name=name, type=type, semantics=semantics, index=index,
-                                  support=support, slack=slack)
+                                  support=support, slack=slack, parameter=parameter or None)
 
     async def transact(self, tx: Sequence[Sequence[Any]] | str) -> int:
         """Apply a transaction (operations or EDN text) as one epoch; returns the epoch, whose
@@ -96,23 +101,29 @@ class AsyncClient:
         """Store rules (EDN text); returns the names of the rules defined."""
         return (await self.request("register", rules=rules))["rules"]
 
-    async def query(self, query: str, name: str | None = None, inputs: Sequence[Any] = (), join: str = "auto",
-                    granularity: float | None = None, durable: bool = False) -> "AsyncRemoteQuery":
-        """Become interested in a query; returns its handle, holding the current result (see
-        :meth:`factflow.client.Client.query`)."""
-        name = name or default_query_name(query, inputs, join)
+    async def query(self, query: str | None = None, name: str | None = None, inputs: Sequence[Any] = (),
+                    join: str = "auto", granularity: float | None = None,
+                    durable: bool = False) -> "AsyncRemoteQuery":
+        """Become interested in a query, or join a published one by ``name`` alone; returns
+        its handle, holding the current result (see :meth:`factflow.client.Client.query`)."""
+        name, fields = interest_request(query, name, inputs, join, granularity, durable)
         if name in self._queries:
             raise ServerError("conflict", f"this client is already interested in a query named {name!r}", "interest")
         state = self._queries[name] = QueryState(name)
         try:
-            result = await self.request("interest", name=name, query=query, inputs=list(inputs) or None, join=join,
-                                        granularity=granularity, durable=durable or None)
+            result = await self.request("interest", **fields)
         except BaseException:
             if self._queries.get(name) is state:
                 del self._queries[name]
             raise
         state.begin(result)
         return AsyncRemoteQuery(self, state)
+
+    async def publish(self, name: str, query: str, tenant: str | None = None, inputs: Sequence[Any] = (),
+                      join: str = "auto") -> dict[str, Any]:
+        """Admin: publish a query for tenants (see :meth:`factflow.client.Client.publish`)."""
+        return await self.request("publish", name=name, query=query, tenant=tenant, inputs=list(inputs) or None,
+                                  join=join)
 
     async def q(self, query: str, inputs: Sequence[Any] = ()) -> list[tuple]:
         """A one-shot answer: the rows of ``query`` as of now, as tuples in ``:find`` order."""

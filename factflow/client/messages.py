@@ -26,7 +26,8 @@ from websockets.frames import CloseCode
 from factflow.errors import ConnectionClosedError, EngineClosedError, ServerError
 
 __all__ = ["PROTOCOL_VERSION", "Push", "QueryHandle", "QueryState", "Subscriber", "Subscribers", "encode_request",
-           "decode_frame", "is_push", "reply_result", "read_push", "as_row", "close_description", "default_query_name"]
+           "decode_frame", "is_push", "reply_result", "read_push", "as_row", "close_description", "default_query_name",
+           "interest_request", "identity"]
 
 log = logging.getLogger("factflow.client")
 
@@ -122,6 +123,25 @@ def read_push(message: dict) -> Push:
         raise ValueError(f"unknown pushed message type {kind!r}")
     changes = [(as_row(row), diff) for row, diff in message["changes"]]
     return Push(kind, name, message["epoch"], changes)
+
+
+def interest_request(query: str | None, name: str | None, inputs: Sequence[Any], join: str,
+                     granularity: float | None, durable: bool) -> tuple[str, dict[str, Any]]:
+    """The name an interest goes by and the fields of its ``interest`` request: a query's
+    text (named after it when unnamed), or the name alone of a published query."""
+    if query is None:
+        if name is None:
+            raise ServerError("incorrect", "give the query's text, or the name of a published query", "interest")
+        return name, {"name": name, "granularity": granularity}
+    name = name or default_query_name(query, inputs, join)
+    return name, {"name": name, "query": query, "inputs": list(inputs) or None, "join": join,
+                  "granularity": granularity, "durable": durable or None}
+
+
+def identity(hello: dict[str, Any]) -> tuple[str, str | None, str | None, int | None]:
+    """From the reply to ``hello``: the client's id, its tenant's name, role and entity (None
+    on a server without tenants; the entity only for a tenant)."""
+    return hello["client"], hello.get("tenant"), hello.get("role"), hello.get("entity")
 
 
 def default_query_name(text: str, inputs: Sequence[Any], join: str) -> str:

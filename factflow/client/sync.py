@@ -31,7 +31,7 @@ from websockets.sync.client import ClientConnection, connect
 
 from factflow.client.messages import (
     PROTOCOL_VERSION, Push, QueryHandle, QueryState, Subscriber, Subscribers, UpdatesBase, as_row, close_description,
-    decode_frame, default_query_name, encode_request, is_push, read_push, reply_result,
+    decode_frame, encode_request, identity, interest_request, is_push, read_push, reply_result,
 )
 from factflow.errors import ConnectionClosedError, RequestTimeoutError, ServerError
 
@@ -59,7 +59,10 @@ class _Feed(Subscribers):
 class Client:
     """A blocking connection to a factflow server (``ws://host:port/``).
 
-    ``token`` is sent in ``hello`` when the server requires one. ``timeout`` is how many
+    ``token`` is sent in ``hello`` when the server requires one; on a server with tenants it
+    names this client's tenant (:attr:`tenant`, :attr:`role` and, for a tenant, the
+    :attr:`entity` standing for it in facts), and ``keep=True`` asks the server to keep the
+    tenant's parameter facts when its last connection closes. ``timeout`` is how many
     seconds to wait for each reply before :class:`~factflow.errors.RequestTimeoutError`
     (None: as long as the connection lives; keepalive pings notice a dead server);
     ``connect_timeout`` bounds opening the connection. Use it as a context manager, or
@@ -67,7 +70,7 @@ class Client:
     """
 
     def __init__(self, url: str, token: str | None = None, timeout: float | None = None,
-                 connect_timeout: float = 10.0):
+                 connect_timeout: float = 10.0, keep: bool = False):
         self.url = url
         self.timeout = timeout
         self._ids = itertools.count(1)
@@ -88,18 +91,19 @@ class Client:
         self._dispatcher.start()
         self._reader.start()
         try:
-            self.client_id: str = self.request("hello", protocol=PROTOCOL_VERSION, token=token)["client"]
+            hello = self.request("hello", protocol=PROTOCOL_VERSION, token=token, keep=keep or None)
+            self.client_id, self.tenant, self.role, self.entity = identity(hello)
         except BaseException:
             self.close()
             raise
 
     # ------------------------------------------------------------ the engine's operations
     def create_attribute(self, name: str, type: str = "string", semantics: str = "set", index: str = "both",
-                         support: str = "wco", slack: int = 0) -> dict[str, str]:
-        """Define an attribute (as :meth:`factflow.Engine.create_attribute`); returns its
-        ``name``, ``type``, ``semantics``, ``index`` and ``support``."""
+                         support: str = "wco", slack: int = 0, parameter: bool = False) -> dict[str, str]:
+        """Define an attribute (as :meth:`factflow.Engine.create_attribute`; ``parameter``: a
+        tenant parameter); returns its ``name``, ``type``, ``semantics`` and settings."""
         return self.request("create-attribute", name=name, type=type, semantics=semantics, index=index,
-                            support=support, slack=slack)
+                            support=support, slack=slack, parameter=parameter or None)
 
     def transact(self, tx: Sequence[Sequence[Any]] | str) -> int:
         """Apply a transaction (``[[":db/add", e, a, v], ...]`` or EDN text) as one epoch;
@@ -110,18 +114,19 @@ class Client:
         """Store rules (EDN text); returns the names of the rules defined."""
         return self.request("register", rules=rules)["rules"]
 
-    def query(self, query: str, name: str | None = None, inputs: Sequence[Any] = (), join: str = "auto",
-              granularity: float | None = None, durable: bool = False) -> RemoteQuery:
+    def query(self, query: str | None = None, name: str | None = None, inputs: Sequence[Any] = (),
+              join: str = "auto", granularity: float | None = None, durable: bool = False) -> RemoteQuery:
         """Become interested in a query; returns its handle, holding the current result.
 
         Without ``name`` the query is named after its text, inputs and join, so that clients
-        asking the same query share one dataflow. ``granularity`` (seconds) asks for at most
-        one diff per that many seconds. ``durable`` (a server with a state directory) keeps
-        the query installed without clients and across server restarts, until
-        :meth:`drop`. A name this client is already interested in is refused
-        (``conflict``), as the server refuses it.
+        asking the same query share one dataflow. With ``name`` alone, join the query an
+        admin published under it (a tenant's rows only, without the tenant column, for a
+        tenant-routed one). ``granularity`` (seconds) asks for at most one diff per that many
+        seconds. ``durable`` (a server with a state directory) keeps the query installed
+        without clients and across server restarts, until :meth:`drop`. A name this client
+        is already interested in is refused (``conflict``), as the server refuses it.
         """
-        name = name or default_query_name(query, inputs, join)
+        name, fields = interest_request(query, name, inputs, join, granularity, durable)
         state = QueryState(name)
         with self._lock:
             if name in self._queries:
@@ -129,8 +134,7 @@ class Client:
                                   "interest")
             self._queries[name] = state  # before sending: the whole result is pushed before the reply
         try:
-            result = self.request("interest", name=name, query=query, inputs=list(inputs) or None, join=join,
-                                  granularity=granularity, durable=durable or None)
+            result = self.request("interest", **fields)
         except BaseException:
             with self._lock:
                 if self._queries.get(name) is state:
@@ -138,6 +142,13 @@ class Client:
             raise
         state.begin(result)
         return RemoteQuery(self, state)
+
+    def publish(self, name: str, query: str, tenant: str | None = None, inputs: Sequence[Any] = (),
+                join: str = "auto") -> dict[str, Any]:
+        """Admin: publish ``query`` under ``name`` for tenants, routed by the ``:find``
+        variable ``tenant`` (each tenant receives the rows of its own entity) or, without it,
+        public; returns the reply (``columns`` as tenants receive them, ``created``)."""
+        return self.request("publish", name=name, query=query, tenant=tenant, inputs=list(inputs) or None, join=join)
 
     def q(self, query: str, inputs: Sequence[Any] = ()) -> list[tuple]:
         """A one-shot answer: the rows of ``query`` as of now, as tuples in ``:find`` order

@@ -35,7 +35,7 @@ from factflow.arrangement.batch import DIFF
 from factflow.arrangement.bound import tasks_in_driver_jvm
 from factflow.arrangement.trace import MergePolicy
 from factflow.engine.config import EngineConfig
-from factflow.engine.definition import QueryDefinition
+from factflow.engine.definition import QueryDefinition, labels_of
 from factflow.engine.delivery import Deliveries
 from factflow.engine.durability import CheckpointReport, Durability, RecoveryReport
 from factflow.engine import transaction
@@ -206,7 +206,7 @@ class Engine:
         return self._rules
 
     def create_attribute(self, name: str, type: str = "string", semantics: str = "set", index: str = "both",
-                         support: str = "wco", slack: int = 0) -> Attribute:
+                         support: str = "wco", slack: int = 0, parameter: bool = False) -> Attribute:
         """Define an attribute: ``type`` is long, double, string, boolean, ref or instant;
         ``semantics`` is set (default), raw (multiset) or one (cardinality one).
 
@@ -215,12 +215,13 @@ class Engine:
         (default: every join strategy, count indexes built on demand), delta (no count
         indexes: binary and delta joins) or basic (binary joins only). See
         :mod:`factflow.planner.strategy` for how queries respect them. ``slack`` closed
-        epochs of its forward index are kept uncompacted (:mod:`factflow.engine.history`)."""
+        epochs of its forward index are kept uncompacted (:mod:`factflow.engine.history`).
+        ``parameter`` marks it as a tenant parameter (see :mod:`factflow.server.tenants`)."""
         with self._lock:
             self._check_open()
             logged = self._durability.log_attribute if self._durability else None
             attribute = self._state.schema.create(name, type, semantics, log=logged, index=index, support=support,
-                                                  slack=slack)
+                                                  slack=slack, parameter=parameter)
             self._state.arrange(attribute)
             return attribute
 
@@ -488,7 +489,8 @@ class Engine:
     # ------------------------------------------------------------ queries
     def query(self, query: str | Plan, name: str | None = None, inputs: Sequence[Any] = (), join: str = "auto",
               semantics: str = "set", sink: Sink | Sequence[Sink] = (), granularity: float | None = None,
-              durable: bool = False, introspect: bool = True, slack: int = 0) -> Query:
+              durable: bool = False, introspect: bool = True, slack: int = 0,
+              labels: dict[str, str] | None = None) -> Query:
         """Register and install a query (interest): its dataflow reads the state as of now.
 
         ``inputs`` supply the ``:in`` bindings after ``$``; ``join`` picks the join strategy
@@ -518,6 +520,10 @@ class Engine:
 
         ``slack`` closed epochs before the latest stay readable with ``results(as_of=...)``
         (see :mod:`factflow.engine.history`).
+
+        ``labels`` (strings to strings) are kept with the query's definition, durable ones
+        across restarts (``q.definition.labels``); the engine gives them no meaning (the
+        server records there what it published the query as).
         """
         self._check_open()
         sinks, seconds = sinks_of(sink), window_seconds(granularity)
@@ -528,28 +534,28 @@ class Engine:
             query, inputs, join, semantics = _source_of(query, name, inputs, join, semantics)
         self._before_command()
         handle = self._query(query, name, inputs, join, semantics, sinks, seconds, durable, introspect, slack,
-                             expected)
+                             expected, labels)
         self._maintenance.run()
         return handle
 
     def _query(self, query: str, name: str | None, inputs: Sequence[Any], join: str, semantics: str,
                sinks: Sequence[Sink], seconds: float | None, durable: bool, introspect: bool, slack: int,
-               expected: Plan | None = None) -> Query:
+               expected: Plan | None = None, labels: dict[str, str] | None = None) -> Query:
         with self._lock:
             self._check_open()
             if not durable:
                 return self._install(query, name, inputs, join, semantics, sinks, seconds, introspect, slack,
-                                     self._planned(query, inputs, join, semantics, expected, name))
+                                     self._planned(query, inputs, join, semantics, expected, name), labels)
             if self._durability is None:
                 raise StorageError("durable=True needs an engine with a state_dir: there is nowhere to keep the query")
             planned = self._planned(query, inputs, join, semantics, expected, name)
             definition = QueryDefinition.of(name or "", query, inputs, join, semantics, sinks, seconds, introspect,
-                                            slack)
+                                            slack, labels)
             handle = self._state.queries.get(name) if name else None
             fresh = handle is None or not (handle.definition.same_settings(definition) and handle.plan == planned)
             if fresh:
                 handle = self._install(query, name, inputs, join, semantics, sinks, seconds, introspect, slack,
-                                       planned)
+                                       planned, labels)
             elif handle.durable:
                 return handle
             try:  # a new query, or the same query installed without durable=True: it becomes durable
@@ -597,13 +603,13 @@ class Engine:
 
     def _install(self, query: str, name: str | None, inputs: Sequence[Any], join: str, semantics: str,
                  sinks: Sequence[Sink] = (), seconds: float | None = None, introspect: bool = True,
-                 slack: int = 0, plan: Plan | None = None) -> Query:
+                 slack: int = 0, plan: Plan | None = None, labels: dict[str, str] | None = None) -> Query:
         """Install the query: ``plan`` (planned just now, never installed) or its text planned now."""
         name = self._state.query_name(name)
         plan = plan if plan is not None else self.plan(query, inputs, join, semantics)
+        definition = QueryDefinition(name, query, tuple(inputs), join, semantics, (), seconds, introspect, slack,
+                                     labels_of(labels))
         dataflow = install(self._state, plan, name, f"factflow-{self._id}-install")
-        definition = QueryDefinition(dataflow.name, query, tuple(inputs), join, semantics, (), seconds, introspect,
-                                     slack)
         handle = Query(self, dataflow, self._state.epoch, self._lock, definition)
         handle.introspect = introspect
         if seconds:
@@ -629,7 +635,7 @@ class Engine:
         for d in self._durability.recovered_queries:
             try:
                 self._install(d.text, d.name, d.inputs, d.join, d.semantics, d.sinks, d.granularity,
-                              d.introspect, d.slack).durable = True
+                              d.introspect, d.slack, labels=dict(d.labels)).durable = True
                 self.recovery.queries.append(d.name)
             except FactflowError as exc:
                 log.error("durable query %s could not be installed again: %s", d.name, exc)

@@ -45,7 +45,9 @@ def normalize_attribute_name(name: object) -> Keyword:
 @dataclass(frozen=True)
 class Attribute:
     """One attribute: ``name`` (``:ns/name``), ``value_type``, input ``semantics``, a numeric
-    id, the indexes it keeps (``index``, ``support``) and its history (``slack``).
+    id, the indexes it keeps (``index``, ``support``), its history (``slack``) and whether it
+    is a tenant *parameter* (``parameter``: facts a tenant of a server writes about its own
+    entity to parameterize the queries published for it; see :mod:`factflow.server.tenants`).
 
     Semantics: ``set`` (a fact is present or not), ``raw`` (a multiset: each assertion adds
     one occurrence, each retraction removes one) or ``one`` (cardinality one: asserting a
@@ -64,6 +66,7 @@ class Attribute:
     index: str = "both"
     support: str = "wco"
     slack: int = 0
+    parameter: bool = False
 
     def keeps(self, face: str) -> bool:
         """Whether this attribute may have the index ``face`` (forward, reverse, count_e, count_v)."""
@@ -82,10 +85,10 @@ class Attribute:
                              f"support={self.support!r})")
 
     @property
-    def settings(self) -> dict[str, str]:
+    def settings(self) -> dict[str, object]:
         """The settings as given to ``create_attribute`` beyond type and semantics (stored in
         the durable catalog)."""
-        return {"index": self.index, "support": self.support, "slack": self.slack}
+        return {"index": self.index, "support": self.support, "slack": self.slack, "parameter": self.parameter}
 
     @property
     def reserved(self) -> bool:
@@ -112,7 +115,7 @@ class Schema:
 
     def create(self, name: object, value_type: str, semantics: str = "set",
                log: Callable[[Attribute], None] | None = None, index: str = "both", support: str = "wco",
-               slack: int = 0, reserved: bool = False) -> Attribute:
+               slack: int = 0, reserved: bool = False, parameter: bool = False) -> Attribute:
         """Define an attribute; defining the same attribute identically again is a no-op.
 
         A new attribute is passed to ``log`` before it is added (if it raises, nothing is).
@@ -123,6 +126,8 @@ class Schema:
                               "for the engine's introspection attributes")
         if isinstance(slack, bool) or not isinstance(slack, int) or slack < 0:
             raise SchemaError(f"attribute {key}: slack must be a non-negative integer, not {slack!r}")
+        if not isinstance(parameter, bool):
+            raise SchemaError(f"attribute {key}: parameter must be true or false, not {parameter!r}")
         if value_type not in VALUE_TYPES:
             raise SchemaError(f"attribute {key}: unknown type {value_type!r}; use one of {', '.join(VALUE_TYPES)}")
         if semantics not in SEMANTICS:
@@ -132,16 +137,17 @@ class Schema:
         if support not in QUERY_SUPPORT:
             raise SchemaError(f"attribute {key}: unknown support {support!r}; use one of {', '.join(QUERY_SUPPORT)}")
         existing = self._by_name.get(key)
-        wanted = (value_type, semantics, index, support, str(slack))
+        wanted = (value_type, semantics, index, support, str(slack), str(parameter).lower())
         if existing is not None:
-            have = (existing.value_type, existing.semantics, existing.index, existing.support, str(existing.slack))
+            have = (existing.value_type, existing.semantics, existing.index, existing.support, str(existing.slack),
+                    str(existing.parameter).lower())
             if have == wanted:
                 return existing
             raise SchemaError(
-                f"attribute {key} already exists as {'/'.join(have)} (type/semantics/index/support/slack); "
+                f"attribute {key} already exists as {'/'.join(have)} (type/semantics/index/support/slack/parameter); "
                 f"cannot redefine it as {'/'.join(wanted)}"
             )
-        attribute = Attribute(key, value_type, semantics, len(self._by_id), index, support, slack)
+        attribute = Attribute(key, value_type, semantics, len(self._by_id), index, support, slack, parameter)
         if log is not None:
             log(attribute)
         self._by_name[key] = attribute

@@ -17,17 +17,28 @@ own with the same epoch. The chunks after an epoch's first are pushed *paced*: t
 waits until a client has room for them (see :class:`factflow.server.server.ServerConfig`),
 so that what waits for a client stays bounded while it reads a large epoch.
 
+Queries an admin *published* (:mod:`factflow.server.publication`) stay installed without
+clients until dropped; tenants join them by name, and a tenant-routed one's changes are
+split by tenant and go only to the tenant they belong to. The registry also follows the
+*parameter attributes* (:mod:`factflow.server.tenants`): which parameter facts each tenant
+entity holds, so that the server can retract them, without a Spark job, when the
+tenant's last connection closes.
+
 Only the command thread (:mod:`factflow.server.worker`) touches this registry.
 """
 
 from __future__ import annotations
 
+import json
+from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from factflow.engine.engine import Engine
 from factflow.engine.query import Query
 from factflow.server.protocol import ProtocolError
+from factflow.server.publication import LABEL, Publication, check_publication
+from factflow.server.tenants import Tenant, is_tenant_entity
 from factflow.text import plural
 
 __all__ = ["Interests", "Listener", "Push"]
@@ -38,12 +49,20 @@ Push = Callable[["Listener", str, str, int, list, bool, bool], None]
 
 
 class Listener:
-    """What the registry knows of a client: an id and what it listens to."""
+    """What the registry knows of a client: an id, what it listens to, and who it is (the
+    tenant its token named; None on a server without tenants, where every client may do
+    everything)."""
 
     def __init__(self, client_id: str):
         self.client_id = client_id
         self.queries: set[str] = set()
         self.attributes: set[str] = set()
+        self.tenant: Tenant | None = None
+
+    @property
+    def restricted(self) -> bool:
+        """Whether this is a tenant's connection (not an admin's, nor one of a server without tenants)."""
+        return self.tenant is not None and not self.tenant.admin
 
 
 @dataclass
@@ -54,6 +73,7 @@ class _Shared:
     query: Query
     listeners: dict[str, Listener] = field(default_factory=dict)
     epoch: int | None = None  # the epoch whose changes were pushed last
+    publication: Publication | None = None  # set when an admin published it
 
 
 class Interests:
@@ -64,12 +84,23 @@ class Interests:
         self._push = push
         self._queries: dict[str, _Shared] = {}
         self._attributes: dict[str, tuple[dict[str, Listener], Callable[[], None]]] = {}
+        #: per tenant entity, the parameter facts it holds: Counter of (attribute, value)
+        self.parameters: dict[int, Counter] = {}
+        self._followed: dict[str, Callable[[], None]] = {}  # parameter attributes followed
         for query in engine.queries.values():  # the durable queries a state directory brought back
             if query.durable:
-                self._share(query.plan.fingerprint(), query)
+                published = dict(query.definition.labels).get(LABEL)
+                self._share(query.plan.fingerprint(), query,
+                            Publication(json.loads(published)["column"]) if published is not None else None)
+        for attribute in engine.schema:
+            if attribute.parameter:
+                self.follow_parameter(str(attribute.name))
 
-    def _share(self, identity: str, query: Query) -> _Shared:
-        shared = self._queries[query.name] = _Shared(identity, query)
+    def _share(self, identity: str, query: Query, publication: Publication | None = None) -> _Shared:
+        shared = self._queries[query.name] = _Shared(identity, query, publication=publication)
+        if publication is not None:
+            for chunk in query.chunks():
+                publication.split(chunk)
         query.subscribe(lambda epoch, changes, s=shared: self._fan_out(s, epoch, changes))
         return shared
 
@@ -83,6 +114,9 @@ class Interests:
         if durable and not self.engine.durable:
             raise ProtocolError("unsupported", "durable interests need a server with a state directory "
                                 "(factflow serve --state-dir DIR)")
+        published = self._queries.get(name) if name else None
+        if published is not None and published.publication is not None:
+            raise ProtocolError("conflict", f"{name!r} is a published query: join it by name alone, without query text")
         plan = self.engine.plan(text, inputs=inputs, join=join)
         identity = plan.fingerprint()
         name = name or "q-" + identity[:12]
@@ -101,15 +135,53 @@ class Interests:
             self._push(listener, "diff", name, self.engine.epoch, chunk, True, number > 0)
         return shared.query
 
+    def publish(self, name: str, text: str, inputs: list, join: str, tenant: str | None) -> tuple[Query, bool]:
+        """Install ``text`` as the published query ``name`` (tenant-routed by the variable
+        ``tenant``, or public), durable on a durable server; returns it and whether it was
+        new (publishing the same query under the same name again changes nothing)."""
+        column = check_publication(text, tenant, self.engine.schema, self.engine.rules)
+        plan = self.engine.plan(text, inputs=inputs, join=join)
+        identity = plan.fingerprint()
+        existing = self._queries.get(name)
+        if existing is not None:
+            if existing.identity == identity and existing.publication is not None \
+                    and existing.publication.column == column:
+                return existing.query, False
+            raise ProtocolError("conflict", f"a different query is installed under the name {name!r}")
+        label = json.dumps({"tenant": tenant, "column": column})
+        query = self.engine.query(plan, name=name, durable=self.engine.durable, labels={LABEL: label})
+        self._share(identity, query, Publication(column))
+        return query, True
+
+    def join(self, listener: Listener, name: str) -> tuple[Query, list[str]]:
+        """Add ``listener`` to the published query ``name``: it receives its current rows (its
+        own tenant's, for a routed query) at once, from the rows the server keeps, then
+        every change that is its; returns the query and the columns it receives."""
+        shared = self._queries.get(name)
+        if shared is None or shared.publication is None:
+            raise ProtocolError("not-found", f"no query named {name!r} is published")
+        if listener.client_id in shared.listeners:
+            raise ProtocolError("conflict", f"already interested in {name!r}")
+        shared.listeners[listener.client_id] = listener
+        listener.queries.add(name)
+        publication, columns = shared.publication, shared.query.columns
+        if listener.restricted:
+            current = publication.current(listener.tenant.entity)
+            columns = publication.columns(columns)
+        else:
+            current = publication.everything()
+        self._push(listener, "diff", name, self.engine.epoch, current, True, False)
+        return shared.query, columns
+
     def uninterest(self, listener: Listener, name: str) -> None:
         """Remove ``listener`` from the query ``name``; the last one out closes the query,
-        unless it is durable."""
+        unless it is durable or published."""
         shared = self._queries.get(name)
         if shared is None or listener.client_id not in shared.listeners:
             raise ProtocolError("not-found", f"not interested in a query named {name!r}")
         del shared.listeners[listener.client_id]
         listener.queries.discard(name)
-        if not shared.listeners and not shared.query.durable:
+        if not shared.listeners and not shared.query.durable and shared.publication is None:
             del self._queries[name]
             shared.query.close()
 
@@ -181,11 +253,61 @@ class Interests:
         """Interested clients per installed query."""
         return {name: len(shared.listeners) for name, shared in self._queries.items()}
 
+    def published(self) -> dict[str, dict[str, Any]]:
+        """Per published query: whether tenant-routed, and the change rows dropped for tenants
+        that had no connection."""
+        return {name: {"tenant_routed": s.publication.tenant_routed, "dropped_rows": s.publication.dropped}
+                for name, s in self._queries.items() if s.publication is not None}
+
     def _fan_out(self, shared: _Shared, epoch: int, changes: list) -> None:
         paced = shared.epoch == epoch  # a further chunk of the epoch (see the module docs)
         shared.epoch = epoch
+        if shared.publication is None:
+            for listener in list(shared.listeners.values()):
+                self._push(listener, "diff", shared.query.name, epoch, changes, False, paced)
+            return
+        parts = shared.publication.split(changes)
+        delivered = set()
         for listener in list(shared.listeners.values()):
-            self._push(listener, "diff", shared.query.name, epoch, changes, False, paced)
+            if not listener.restricted:
+                self._push(listener, "diff", shared.query.name, epoch, changes, False, paced)
+                continue
+            key = listener.tenant.entity if shared.publication.tenant_routed else ""
+            mine = parts.get(key)
+            if mine:
+                delivered.add(key)
+                self._push(listener, "diff", shared.query.name, epoch, mine, False, paced)
+        if shared.publication.tenant_routed:
+            shared.publication.dropped += sum(len(rows) for key, rows in parts.items() if key not in delivered)
+
+    # ------------------------------------------------------------ parameter attributes
+    def follow_parameter(self, attribute: str) -> None:
+        """Keep track of which tenant entities hold which facts of the parameter ``attribute``
+        (its current facts read once, with a query; then its changes as they commit)."""
+        if attribute in self._followed:
+            return
+        current = self.engine.query(f"[:find ?e ?v :where [?e {attribute} ?v]]", introspect=False)
+        try:
+            self._note(attribute, [((e, v), n) for (e, v), n in current.rows().items()])
+        finally:
+            current.close()
+        self._followed[attribute] = self.engine.subscribe_attribute(
+            attribute, lambda epoch, changes, a=attribute: self._note(a, changes))
+
+    def _note(self, attribute: str, changes: list) -> None:
+        for (entity, value), diff in changes:
+            if is_tenant_entity(entity):
+                held = self.parameters.setdefault(entity, Counter())
+                held[(attribute, value)] += diff
+                if not held[(attribute, value)]:
+                    del held[(attribute, value)]
+                if not held:
+                    del self.parameters[entity]
+
+    def parameter_retractions(self, entity: int) -> list[list]:
+        """The operations retracting every parameter fact of the tenant ``entity``."""
+        return [[":db/retract", entity, attribute, value]
+                for (attribute, value), n in self.parameters.get(entity, Counter()).items() for _ in range(max(n, 0))]
 
     def _fan_out_attribute(self, key: str, listeners: dict[str, Listener], epoch: int, changes: list) -> None:
         for listener in list(listeners.values()):

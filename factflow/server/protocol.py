@@ -29,13 +29,16 @@ _ANY = object()
 _NUMBER = (int, float)
 #: Per op: its fields, each ``(name, JSON types, required)``.
 OPS: dict[str, tuple[tuple[str, Any, bool], ...]] = {
-    "hello": (("protocol", int, True), ("token", str, False)),
+    "hello": (("protocol", int, True), ("token", str, False), ("keep", bool, False)),
     "create-attribute": (("name", str, True), ("type", str, False), ("semantics", str, False),
-                         ("index", str, False), ("support", str, False), ("slack", int, False)),
+                         ("index", str, False), ("support", str, False), ("slack", int, False),
+                         ("parameter", bool, False)),
     "transact": (("tx", (list, str), True),),
     "register": (("rules", str, True),),
-    "interest": (("name", str, False), ("query", str, True), ("inputs", list, False), ("join", str, False),
+    "interest": (("name", str, False), ("query", str, False), ("inputs", list, False), ("join", str, False),
                  ("granularity", _NUMBER, False), ("durable", bool, False)),
+    "publish": (("name", str, True), ("query", str, True), ("inputs", list, False), ("join", str, False),
+                ("tenant", str, False)),
     "uninterest": (("name", str, True),),
     "drop": (("name", str, True),),
     "subscribe": (("attribute", str, True),),

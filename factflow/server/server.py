@@ -10,7 +10,12 @@ are answered on the event loop. See docs/protocol.md for the protocol.
 Security: the server binds 127.0.0.1 unless told otherwise, and refuses any other
 address without a token. With a token, every op but ``hello`` needs a connection that
 presented it (in ``hello`` or as an ``Authorization: Bearer`` header), and ``shutdown``
-needs it too; without one, ``shutdown`` is accepted from loopback only.
+needs it too; without one, ``shutdown`` is accepted from loopback only. With tenants
+(:mod:`factflow.server.tenants`, ``--tenants FILE``) the token a connection presents names
+its tenant and role: an admin may do everything, a tenant only what that module lists,
+checked here (the op) and on the command thread (what a transaction writes) before
+anything runs. When a tenant's last connection closes, the server retracts its parameter
+facts in an epoch of its own (unless a connection of it said ``"keep": true``).
 
 Stopping (:meth:`Server.stop`, SIGINT/SIGTERM under :func:`serve`): stop accepting, let
 the running command finish (an epoch is never cut short), refuse queued commands, send
@@ -37,6 +42,7 @@ from factflow.errors import FactflowError
 from factflow.server.interests import Interests, Listener
 from factflow.server.outbox import Outbox
 from factflow.server.protocol import PROTOCOL_VERSION, ProtocolError, Request, encode, parse_frame, reply_error, reply_ok
+from factflow.server.tenants import TENANT_OPS, Tenant, Tenants
 from factflow.server.worker import Command, Worker
 
 __all__ = ["Server", "ServerConfig", "ServerThread", "ServerStartError", "serve", "LOOPBACK_HOSTS"]
@@ -51,10 +57,10 @@ class ServerStartError(FactflowError):
     """The server cannot start as asked (for example an exposed address without a token)."""
 
 
-def _check_exposure(host: str, token: str | None) -> None:
-    if host not in LOOPBACK_HOSTS and not token:
+def _check_exposure(host: str, token: str | None, tenants: Tenants | None = None) -> None:
+    if host not in LOOPBACK_HOSTS and not token and tenants is None:
         raise ServerStartError(f"refusing to serve on {host} without a token: anyone who can reach it could "
-                               f"change the data; give --token-file (or bind 127.0.0.1)")
+                               f"change the data; give --token-file or --tenants (or bind 127.0.0.1)")
 
 
 class ServerConfig:
@@ -72,14 +78,15 @@ class ServerConfig:
 
 
 class _Connection:
-    """One connected client: its socket, outbox, listener and whether it presented the token."""
+    """One connected client: its socket, outbox, listener (with the tenant its token named),
+    whether it presented a valid token, and whether it asked to keep its tenant's parameters."""
 
-    def __init__(self, ws: ServerConnection, max_waiting_rows: int, authenticated: bool,
-                 on_overflow: Callable[["_Connection"], None]):
+    def __init__(self, ws: ServerConnection, max_waiting_rows: int, on_overflow: Callable[["_Connection"], None]):
         self.ws = ws
         self.outbox = Outbox(max_waiting_rows, on_overflow=lambda: on_overflow(self))
         self.listener = Listener(f"c{next(_CLIENT_IDS)}")
-        self.authenticated = authenticated
+        self.authenticated = False
+        self.keep = False
         self.writer: asyncio.Task | None = None
 
     @property
@@ -94,19 +101,21 @@ class Server:
     """Serves one engine to WebSocket clients; run it with :meth:`run` on an event loop."""
 
     def __init__(self, engine: Engine, host: str = "127.0.0.1", port: int = 6262, token: str | None = None,
-                 config: ServerConfig | None = None, owns_engine: bool = False):
-        _check_exposure(host, token)
+                 config: ServerConfig | None = None, owns_engine: bool = False, tenants: Tenants | None = None):
+        _check_exposure(host, token, tenants)
         self.engine = engine
         self.host = host
         self.port = port
         self.token = token
+        self.tenants = tenants
         self.config = config or ServerConfig()
         self.owns_engine = owns_engine
         self._connections: dict[str, _Connection] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop_requested: asyncio.Event | None = None
         self.interests = Interests(engine, self._push_threadsafe)
-        self.worker = Worker(engine, self.interests, self._done_threadsafe, lambda: len(self._connections))
+        self.worker = Worker(engine, self.interests, self._done_threadsafe, lambda: len(self._connections),
+                             self._tenant_status)
         self.url: str | None = None
 
     # ------------------------------------------------------------ running
@@ -146,7 +155,11 @@ class Server:
 
     # ------------------------------------------------------------ one connection
     async def _serve_connection(self, ws: ServerConnection) -> None:
-        connection = _Connection(ws, self.config.max_waiting_rows, self._bearer_ok(ws), self._drop_slow)
+        connection = _Connection(ws, self.config.max_waiting_rows, self._drop_slow)
+        if self.token is None and self.tenants is None:
+            connection.authenticated = True
+        else:
+            self._admit(connection, self._bearer(ws))
         self._connections[connection.listener.client_id] = connection
         connection.writer = asyncio.create_task(self._write(connection))
         try:
@@ -171,6 +184,10 @@ class Server:
             del self._connections[connection.listener.client_id]
             connection.outbox.close()
             self.worker.submit(Command("release", {}, connection.listener))
+            tenant = connection.listener.tenant
+            if connection.listener.restricted and not connection.keep and not any(
+                    c.listener.tenant == tenant for c in self._connections.values()):
+                self.worker.submit(Command("retract-parameters", {"entity": tenant.entity}, connection.listener))
             if connection.writer is not None and not connection.writer.done():
                 connection.writer.cancel()
 
@@ -181,8 +198,12 @@ class Server:
         if not connection.authenticated:
             connection.outbox.reply(reply_error(request.id, "forbidden", "send hello with the server's token first"))
             return
+        refusal = self._refusal(connection, request)
+        if refusal is not None:
+            connection.outbox.reply(reply_error(request.id, "forbidden", refusal))
+            return
         if request.op == "shutdown":
-            if self.token is None and not connection.loopback:
+            if self.token is None and self.tenants is None and not connection.loopback:
                 connection.outbox.reply(reply_error(request.id, "forbidden", "shutdown is accepted from loopback only"))
                 return
             connection.outbox.reply(reply_ok(request.id, {}))
@@ -199,14 +220,32 @@ class Server:
             connection.outbox.reply(reply_error(request.id, "unsupported",
                                                 f"protocol {version} is not supported; this server speaks {PROTOCOL_VERSION}"))
             return
-        if self.token is not None and not connection.authenticated:
-            if not self._token_ok(request.fields.get("token")):
+        if not connection.authenticated:
+            self._admit(connection, request.fields.get("token"))
+            if not connection.authenticated:
                 connection.outbox.reply(reply_error(request.id, "forbidden", "wrong or missing token"))
                 return
-            connection.authenticated = True
-        connection.outbox.reply(reply_ok(request.id, {"protocol": PROTOCOL_VERSION,
-                                                      "client": connection.listener.client_id,
-                                                      "epoch": self.engine.epoch}))
+        connection.keep = connection.keep or bool(request.fields.get("keep"))
+        result = {"protocol": PROTOCOL_VERSION, "client": connection.listener.client_id, "epoch": self.engine.epoch}
+        tenant = connection.listener.tenant
+        if tenant is not None:
+            result.update(tenant=tenant.name, role=tenant.role)
+            if tenant.entity is not None:
+                result["entity"] = tenant.entity
+        connection.outbox.reply(reply_ok(request.id, result))
+
+    def _refusal(self, connection: _Connection, request: Request) -> str | None:
+        """Why a tenant may not send ``request`` (None: it may, as far as the op goes; what a
+        transaction writes is checked on the command thread)."""
+        if not connection.listener.restricted:
+            return None
+        tenant = connection.listener.tenant.name
+        if request.op not in TENANT_OPS:
+            return f"tenant {tenant} may not {request.op}: tenants may only " + ", ".join(sorted(TENANT_OPS))
+        if request.op == "interest" and set(request.fields) - {"name", "granularity"}:
+            return (f"tenant {tenant} joins queries an admin published, by name alone: no query text, inputs, join "
+                    "or durable")
+        return None
 
     async def _write(self, connection: _Connection) -> None:
         while (message := await connection.outbox.next()) is not None:
@@ -269,17 +308,34 @@ class Server:
         if not finished.done():
             finished.set_result(None)
 
-    # ------------------------------------------------------------ tokens
-    def _token_ok(self, presented: Any) -> bool:
-        return isinstance(presented, str) and self.token is not None and hmac.compare_digest(
-            presented.encode(), self.token.encode())
+    # ------------------------------------------------------------ tokens and tenants
+    def _admit(self, connection: _Connection, presented: Any) -> None:
+        """Authenticate ``connection`` by the token it presented: the server's token (an admin,
+        when tenants are configured too) or a tenant's."""
+        if self.token is not None and isinstance(presented, str) and hmac.compare_digest(
+                presented.encode(), self.token.encode()):
+            connection.authenticated = True
+            if self.tenants is not None:
+                connection.listener.tenant = Tenant("token", "admin")
+            return
+        tenant = self.tenants.authenticate(presented) if self.tenants is not None else None
+        if tenant is not None:
+            connection.authenticated = True
+            connection.listener.tenant = tenant
 
-    def _bearer_ok(self, ws: ServerConnection) -> bool:
-        if self.token is None:
-            return True
+    @staticmethod
+    def _bearer(ws: ServerConnection) -> str | None:
         header = ws.request.headers.get("Authorization", "") if ws.request is not None else ""
         scheme, _, value = header.partition(" ")
-        return scheme.lower() == "bearer" and self._token_ok(value.strip())
+        return value.strip() if scheme.lower() == "bearer" else None
+
+    def _tenant_status(self) -> dict[str, dict]:
+        """Per tenant: its role, entity and open connections (for an admin's ``status``)."""
+        if self.tenants is None:
+            return {}
+        connections = [c.listener.tenant for c in list(self._connections.values())]
+        return {name: {"role": t.role, "entity": t.entity, "connections": connections.count(t)}
+                for name, t in self.tenants.by_name.items()}
 
 
 class ServerThread:
@@ -289,8 +345,8 @@ class ServerThread:
     """
 
     def __init__(self, engine: Engine, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
-                 config: ServerConfig | None = None):
-        self.server = Server(engine, host, port, token, config)
+                 config: ServerConfig | None = None, tenants: Tenants | None = None):
+        self.server = Server(engine, host, port, token, config, tenants=tenants)
         self._ready = threading.Event()
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._main, name="factflow-server", daemon=True)
@@ -329,15 +385,17 @@ class ServerThread:
 
 def serve(host: str = "127.0.0.1", port: int = 6262, master: str | None = None, token: str | None = None,
           state_dir: str | None = None, config: ServerConfig | None = None,
-          announce: Callable[[str], None] = print, storage_options: dict[str, str] | None = None) -> int:
+          announce: Callable[[str], None] = print, storage_options: dict[str, str] | None = None,
+          tenants: Tenants | None = None) -> int:
     """Run a server in the foreground until SIGINT/SIGTERM or a ``shutdown`` request; returns 0.
 
     ``announce`` receives the line ``factflow serving ws://HOST:PORT`` once clients can connect.
-    ``state_dir`` and ``storage_options`` are the engine's (a path or an object store URI).
+    ``state_dir`` and ``storage_options`` are the engine's (a path or an object store URI);
+    ``tenants`` who may connect and what each may do (:mod:`factflow.server.tenants`).
     """
-    _check_exposure(host, token)
+    _check_exposure(host, token, tenants)
     engine = Engine(master=master, state_dir=state_dir, storage_options=storage_options)
-    server = Server(engine, host, port, token, config, owns_engine=True)
+    server = Server(engine, host, port, token, config, owns_engine=True, tenants=tenants)
 
     async def main() -> None:
         loop = asyncio.get_running_loop()

@@ -28,6 +28,7 @@ from factflow.engine.engine import Engine
 from factflow.errors import EdnSyntaxError, EngineClosedError, QueryError, SchemaError, TransactionError
 from factflow.server.interests import Interests, Listener
 from factflow.server.protocol import PROTOCOL_VERSION, ProtocolError
+from factflow.server.tenants import check_tenant_transaction
 
 __all__ = ["Command", "Worker", "LINGER_QUIET", "LINGER_MAX"]
 
@@ -55,11 +56,13 @@ Done = Callable[[Command, Any, ProtocolError | None], None]
 class Worker:
     """Runs commands one at a time (transactions grouped) on a thread of its own."""
 
-    def __init__(self, engine: Engine, interests: Interests, done: Done, client_count: Callable[[], int]):
+    def __init__(self, engine: Engine, interests: Interests, done: Done, client_count: Callable[[], int],
+                 tenants: Callable[[], dict[str, dict]] = dict):
         self.engine = engine
         self.interests = interests
         self._done = done
         self._client_count = client_count
+        self._tenants = tenants
         self._queue: deque[Command] = deque()
         self._wake = threading.Condition()
         self._stopping = False
@@ -137,6 +140,8 @@ class Worker:
         transactions = []
         for command in commands:
             try:
+                if command.listener.restricted:  # a tenant writes only its own parameters; checked before anything runs
+                    check_tenant_transaction(command.listener.tenant, command.fields["tx"], self.engine.schema)
                 transactions.append(self._json_instants(command.fields["tx"]))
             except ProtocolError as exc:
                 transactions.append(exc)
@@ -170,28 +175,43 @@ class Worker:
     # ------------------------------------------------------------ the ops
     def _op_create_attribute(self, listener: Listener, name: str, type: str = "string",
                              semantics: str = "set", index: str = "both", support: str = "wco",
-                             slack: int = 0) -> dict:
+                             slack: int = 0, parameter: bool = False) -> dict:
         try:
             existing = self.engine.schema.get(name)
         except SchemaError:
             existing = None
         try:
             attribute = self.engine.create_attribute(name, type=type, semantics=semantics, index=index,
-                                                     support=support, slack=slack)
+                                                     support=support, slack=slack, parameter=parameter)
         except SchemaError as exc:  # redefining an existing attribute otherwise is a conflict, not bad input
             raise ProtocolError("conflict" if existing is not None else "incorrect", str(exc)) from None
+        if attribute.parameter:
+            self.interests.follow_parameter(str(attribute.name))
         return {"name": str(attribute.name), "type": attribute.value_type, "semantics": attribute.semantics,
                 **attribute.settings}
 
     def _op_register(self, listener: Listener, rules: str) -> dict:
         return {"rules": self.engine.register(rules)}
 
-    def _op_interest(self, listener: Listener, query: str, name: str | None = None, inputs: list | None = None,
-                     join: str = "auto", granularity: float | None = None, durable: bool = False) -> dict:
+    def _op_interest(self, listener: Listener, query: str | None = None, name: str | None = None,
+                     inputs: list | None = None, join: str = "auto", granularity: float | None = None,
+                     durable: bool = False) -> dict:
         # the granularity is the connection's business (its outbox holds diffs back)
+        if query is None:
+            if name is None:
+                raise ProtocolError("incorrect", "interest: give the query's text, or the name of a published query")
+            installed, columns = self.interests.join(listener, name)
+            return {"epoch": self.engine.epoch, "columns": columns, "name": name, "durable": installed.durable}
         installed = self.interests.interest(listener, name, query, list(inputs or []), join, durable)
         return {"epoch": self.engine.epoch, "columns": installed.columns, "name": installed.name,
                 "durable": installed.durable}
+
+    def _op_publish(self, listener: Listener, name: str, query: str, inputs: list | None = None,
+                    join: str = "auto", tenant: str | None = None) -> dict:
+        installed, created = self.interests.publish(name, query, list(inputs or []), join, tenant)
+        columns = installed.columns if tenant is None else [c for c in installed.columns if c != tenant]
+        return {"name": name, "epoch": self.engine.epoch, "tenant": tenant, "columns": columns,
+                "created": created, "durable": installed.durable}
 
     def _op_uninterest(self, listener: Listener, name: str) -> dict:
         self.interests.uninterest(listener, name)
@@ -221,13 +241,23 @@ class Worker:
         return {"text": self.interests.query(name).explain()}
 
     def _op_status(self, listener: Listener) -> dict:
+        if listener.restricted:  # a tenant sees its own interests only
+            return {"protocol": PROTOCOL_VERSION, "epoch": self.engine.epoch, "tenant": listener.tenant.name,
+                    "queries": {name: 1 for name in sorted(listener.queries)}}
         return {"protocol": PROTOCOL_VERSION, "epoch": self.engine.epoch, "clients": self._client_count(),
-                "queries": self.interests.counts(),
+                "queries": self.interests.counts(), "dataflows": len(self.engine.queries),
+                "published": self.interests.published(), "tenants": self._tenants(),
                 "group_commit": {"transactions": self.transactions, "epochs": self.epochs},
                 "stats": self.engine.stats()}
 
     def _op_release(self, listener: Listener) -> None:
         self.interests.release(listener)
+
+    def _op_retract_parameters(self, listener: Listener, entity: int) -> dict:
+        """The server's own command when a tenant's last connection closed: retract every
+        parameter fact of its entity, in an epoch of its own."""
+        operations = self.interests.parameter_retractions(entity)
+        return {"epoch": self.engine.transact(operations) if operations else self.engine.epoch}
 
     # ------------------------------------------------------------ helpers
     def _json_instants(self, tx: Any) -> Any:

@@ -18,7 +18,7 @@ from factflow.lang.ast import (
 )
 from factflow.lang.pull import parse_pull
 
-__all__ = ["parse_query", "parse_rules", "AGGREGATES"]
+__all__ = ["parse_query", "parse_rules", "query_sections", "AGGREGATES"]
 
 AGGREGATES = {
     "count", "count-distinct", "sum", "min", "max", "avg", "median", "variance", "stddev",
@@ -295,7 +295,8 @@ def _inputs(forms: list, whole: Any) -> tuple[Input, ...]:
     return tuple(out)
 
 
-def _sections(form: Any) -> dict[str, list]:
+def query_sections(form: Any) -> dict[str, list]:
+    """The sections of a query form (vector or map), by key (``:find``, ``:with``, ``:in``, ``:where``)."""
     sections: dict[str, list] = {}
     if isinstance(form, dict):
         for k, v in form.items():
@@ -327,7 +328,7 @@ def _sections(form: Any) -> dict[str, list]:
 def parse_query(text_or_form: Any) -> Query:
     """Parse a query given as EDN text (vector or map form); a QueryError if it is malformed."""
     form = _read(text_or_form, "query")
-    sections = _sections(form)
+    sections = query_sections(form)
     if ":find" not in sections:
         raise _err("query has no :find", form)
     find = _find(sections[":find"], form)

@@ -24,11 +24,19 @@ split by tenant and go only to the tenant they belong to. The registry also foll
 entity holds, so that the server can retract them, without a Spark job, when the
 tenant's last connection closes.
 
+An unnamed interest (or one named as clients name unnamed queries, ``q-...``) whose
+constants can be lifted (:mod:`factflow.server.lifting`) joins the *family* of its shape:
+one dataflow of the lifted query for every such interest, a parameter entity per distinct
+tuple of constants (its facts written in an epoch when the first interest in it comes,
+retracted when the last one goes), and each interest receives the rows of its entity
+under its own name.
+
 Only the command thread (:mod:`factflow.server.worker`) touches this registry.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections import Counter
 from dataclasses import dataclass, field
@@ -36,12 +44,16 @@ from typing import Any, Callable
 
 from factflow.engine.engine import Engine
 from factflow.engine.query import Query
+from factflow.server.lifting import LIFT_PREFIX, Lifted, lift
 from factflow.server.protocol import ProtocolError
 from factflow.server.publication import LABEL, Publication, check_publication
 from factflow.server.tenants import Tenant, is_tenant_entity
 from factflow.text import plural
 
-__all__ = ["Interests", "Listener", "Push"]
+__all__ = ["Interests", "Listener", "Push", "Joined"]
+
+#: Parameter entities of lifted constants: ``[-2**60, -2**59)``, above the tenants' range.
+_LIFT_KEYS = -(2**60)
 
 #: ``push(listener, kind, name, epoch, changes, first, paced)`` queues changes for a client
 #: (``paced``: once it has room for them).
@@ -63,6 +75,29 @@ class Listener:
     def restricted(self) -> bool:
         """Whether this is a tenant's connection (not an admin's, nor one of a server without tenants)."""
         return self.tenant is not None and not self.tenant.admin
+
+
+@dataclass(frozen=True)
+class Joined:
+    """What an interest joined: the name the client receives its changes under, the columns
+    it receives, whether the query is durable, and what was lifted (None: nothing)."""
+
+    name: str
+    columns: list[str]
+    durable: bool = False
+    lifted: str | None = None
+
+
+@dataclass
+class _Family:
+    """The one dataflow of every lifted interest of one shape (see the module docs)."""
+
+    lifted: Lifted  # the first interest's lifting (the family's text, attributes)
+    query: Query
+    routes: Publication = field(default_factory=lambda: Publication(0))
+    entities: dict[tuple, int] = field(default_factory=dict)  # constants -> parameter entity
+    members: dict[int, dict[tuple[str, str], Listener]] = field(default_factory=dict)
+    fresh: set[tuple[str, str]] = field(default_factory=set)  # members whose first rows are still to come
 
 
 @dataclass
@@ -87,6 +122,10 @@ class Interests:
         #: per tenant entity, the parameter facts it holds: Counter of (attribute, value)
         self.parameters: dict[int, Counter] = {}
         self._followed: dict[str, Callable[[], None]] = {}  # parameter attributes followed
+        self._families: dict[str, _Family] = {}
+        self._lifted: dict[tuple[str, str], tuple[_Family, int, Lifted]] = {}  # (client, name) -> its lifting
+        self._keys = itertools.count(_LIFT_KEYS)
+        self._forget_lifted_parameters()
         for query in engine.queries.values():  # the durable queries a state directory brought back
             if query.durable:
                 published = dict(query.definition.labels).get(LABEL)
@@ -105,12 +144,12 @@ class Interests:
         return shared
 
     def interest(self, listener: Listener, name: str | None, text: str, inputs: list, join: str,
-                 durable: bool = False) -> Query:
+                 durable: bool = False) -> Joined:
         """Add ``listener`` to the query ``name`` (installing it if new, making it durable if
         asked); pushes its current result as the first change (in chunks when it is large:
-        several messages at the same epoch, never folded) and returns the query. Without
-        a name, the query is named after its plan's fingerprint, so that every client asking
-        it shares it."""
+        several messages at the same epoch, never folded). Without a name, the query is
+        named after its plan's fingerprint, so that every client asking it shares it, and
+        its constants are lifted where they can be (joining a family of its shape)."""
         if durable and not self.engine.durable:
             raise ProtocolError("unsupported", "durable interests need a server with a state directory "
                                 "(factflow serve --state-dir DIR)")
@@ -120,6 +159,10 @@ class Interests:
         plan = self.engine.plan(text, inputs=inputs, join=join)
         identity = plan.fingerprint()
         name = name or "q-" + identity[:12]
+        if not durable and name.startswith("q-") and name not in self._queries:
+            lifted = lift(text, inputs, self.engine.schema)
+            if lifted is not None:
+                return self._join_family(listener, name, lifted, join)
         shared = self._queries.get(name)
         if shared is None:
             shared = self._share(identity, self.engine.query(plan, name=name, durable=durable))
@@ -133,7 +176,92 @@ class Interests:
         listener.queries.add(name)
         for number, chunk in enumerate(shared.query.chunks()):
             self._push(listener, "diff", name, self.engine.epoch, chunk, True, number > 0)
-        return shared.query
+        return Joined(name, shared.query.columns, shared.query.durable)
+
+    # ------------------------------------------------------------ lifted constants
+    def _join_family(self, listener: Listener, name: str, lifted: Lifted, join: str) -> Joined:
+        """Join the family of ``lifted``'s shape under ``name`` with its constants."""
+        member = (listener.client_id, name)
+        if name in listener.queries:
+            raise ProtocolError("conflict", f"already interested in {name!r}")
+        family = self._families.get(lifted.family)
+        if family is None:
+            family = self._install_family(lifted, join)
+        key = family.entities.get(lifted.constants)
+        new = key is None
+        if new:
+            key = family.entities[lifted.constants] = next(self._keys)
+        family.members.setdefault(key, {})[member] = listener
+        listener.queries.add(name)
+        self._lifted[member] = (family, key, lifted)
+        if new:
+            family.fresh.add(member)
+            try:
+                self.engine.transact([[":db/add", key, attribute, value]
+                                      for (attribute, _), value in zip(family.lifted.attributes, lifted.constants)])
+            except BaseException:
+                self._leave_family(listener, name)
+                raise
+        if member in family.fresh or not new:  # no rows came with the epoch, or the entity was there already
+            family.fresh.discard(member)
+            self._push(listener, "diff", name, self.engine.epoch, family.routes.current(key), True, False)
+        return Joined(name, family.query.columns[1:], False, lifted.explain())
+
+    def _install_family(self, lifted: Lifted, join: str) -> _Family:
+        for attribute, value_type in lifted.attributes:
+            self.engine.create_attribute(attribute, type=value_type, semantics="one")
+        query = self.engine.query(lifted.text, inputs=lifted.inputs, join=join, name=lifted.family)
+        family = self._families[lifted.family] = _Family(lifted, query)
+        query.subscribe(lambda epoch, changes, f=family: self._fan_out_family(f, epoch, changes))
+        return family
+
+    def _leave_family(self, listener: Listener, name: str) -> None:
+        family, key, lifted = self._lifted.pop((listener.client_id, name))
+        listener.queries.discard(name)
+        family.fresh.discard((listener.client_id, name))
+        members = family.members.get(key, {})
+        members.pop((listener.client_id, name), None)
+        if members:
+            return
+        family.members.pop(key, None)
+        del family.entities[lifted.constants]
+        self.engine.transact([[":db/retract", key, attribute, value]
+                              for (attribute, _), value in zip(family.lifted.attributes, lifted.constants)])
+        if not family.members:
+            del self._families[lifted.family]
+            family.query.close()
+
+    def _fan_out_family(self, family: _Family, epoch: int, changes: list) -> None:
+        for key, rows in family.routes.split(changes).items():
+            for member, listener in list(family.members.get(key, {}).items()):
+                first = member in family.fresh
+                family.fresh.discard(member)
+                self._push(listener, "diff", member[1], epoch, rows, first, False)
+
+    def _forget_lifted_parameters(self) -> None:
+        """Retract the facts of lifted parameters a durable server's state brought back (the
+        interests they stood for went with the clients)."""
+        stale = []
+        for attribute in self.engine.schema:
+            name = str(attribute.name)
+            if name.startswith(LIFT_PREFIX):
+                found = self.engine.query(f"[:find ?k ?v :where [?k {name} ?v]]", introspect=False)
+                try:
+                    stale += [[":db/retract", k, name, v] for (k, v) in found.rows()]
+                finally:
+                    found.close()
+        if stale:
+            self.engine.transact(stale)
+
+    def explain(self, listener: Listener, name: str) -> str:
+        """The plan of the query ``name`` as ``listener`` knows it (a lifted interest: what was
+        lifted, and its family's plan)."""
+        found = self._lifted.get((listener.client_id, name))
+        if found is None:
+            return self.query(name).explain()
+        family, _, lifted = found
+        return f"{lifted.explain()}\nshared with every interest of this shape: query {family.query.name}\n" \
+               f"{family.query.explain()}"
 
     def publish(self, name: str, text: str, inputs: list, join: str, tenant: str | None) -> tuple[Query, bool]:
         """Install ``text`` as the published query ``name`` (tenant-routed by the variable
@@ -175,7 +303,11 @@ class Interests:
 
     def uninterest(self, listener: Listener, name: str) -> None:
         """Remove ``listener`` from the query ``name``; the last one out closes the query,
-        unless it is durable or published."""
+        unless it is durable or published (a lifted interest: its constants' parameter facts
+        go with the last interest in them, the family's dataflow with its last member)."""
+        if (listener.client_id, name) in self._lifted:
+            self._leave_family(listener, name)
+            return
         shared = self._queries.get(name)
         if shared is None or listener.client_id not in shared.listeners:
             raise ProtocolError("not-found", f"not interested in a query named {name!r}")
@@ -250,8 +382,10 @@ class Interests:
         return shared.query
 
     def counts(self) -> dict[str, int]:
-        """Interested clients per installed query."""
-        return {name: len(shared.listeners) for name, shared in self._queries.items()}
+        """Interested clients per installed query (a family: its lifted interests)."""
+        counts = {name: len(shared.listeners) for name, shared in self._queries.items()}
+        counts.update({name: sum(map(len, f.members.values())) for name, f in self._families.items()})
+        return counts
 
     def published(self) -> dict[str, dict[str, Any]]:
         """Per published query: whether tenant-routed, and the change rows dropped for tenants

@@ -28,6 +28,7 @@ from factflow.engine.engine import Engine
 from factflow.errors import EdnSyntaxError, EngineClosedError, QueryError, SchemaError, TransactionError
 from factflow.server.interests import Interests, Listener
 from factflow.server.protocol import PROTOCOL_VERSION, ProtocolError
+from factflow.server.lifting import LIFT_PREFIX, touches_lifted_parameters
 from factflow.server.tenants import check_tenant_transaction
 
 __all__ = ["Command", "Worker", "LINGER_QUIET", "LINGER_MAX"]
@@ -142,6 +143,9 @@ class Worker:
             try:
                 if command.listener.restricted:  # a tenant writes only its own parameters; checked before anything runs
                     check_tenant_transaction(command.listener.tenant, command.fields["tx"], self.engine.schema)
+                elif touches_lifted_parameters(command.fields["tx"]):
+                    raise ProtocolError("forbidden", f"attributes under {LIFT_PREFIX} are the server's own "
+                                                     "(lifted constants of shared queries); clients may not write them")
                 transactions.append(self._json_instants(command.fields["tx"]))
             except ProtocolError as exc:
                 transactions.append(exc)
@@ -202,9 +206,11 @@ class Worker:
                 raise ProtocolError("incorrect", "interest: give the query's text, or the name of a published query")
             installed, columns = self.interests.join(listener, name)
             return {"epoch": self.engine.epoch, "columns": columns, "name": name, "durable": installed.durable}
-        installed = self.interests.interest(listener, name, query, list(inputs or []), join, durable)
-        return {"epoch": self.engine.epoch, "columns": installed.columns, "name": installed.name,
-                "durable": installed.durable}
+        joined = self.interests.interest(listener, name, query, list(inputs or []), join, durable)
+        reply = {"epoch": self.engine.epoch, "columns": joined.columns, "name": joined.name, "durable": joined.durable}
+        if joined.lifted is not None:
+            reply["lifted"] = joined.lifted
+        return reply
 
     def _op_publish(self, listener: Listener, name: str, query: str, inputs: list | None = None,
                     join: str = "auto", tenant: str | None = None) -> dict:
@@ -238,7 +244,7 @@ class Worker:
             installed.close()
 
     def _op_explain(self, listener: Listener, name: str) -> dict:
-        return {"text": self.interests.query(name).explain()}
+        return {"text": self.interests.explain(listener, name)}
 
     def _op_status(self, listener: Listener) -> dict:
         if listener.restricted:  # a tenant sees its own interests only

@@ -35,14 +35,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+import datetime as dt
+
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.errors import AnalysisException
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from factflow import edn
+from factflow.edn import Keyword, Symbol
 from factflow.arrangement.batch import DIFF, local_relation
 from factflow.arrangement.views import register_view
 from factflow.errors import EdnSyntaxError, TransactionError, UnknownAttributeError
@@ -50,7 +55,7 @@ from factflow.io.load import typed_column
 from factflow.model.frames import in_session
 from factflow.model.schema import Attribute, Schema
 from factflow.dataflow.statement import Statement
-from factflow.model.types import Kind, coerce_value, python_type_name, spark_type, sql_type
+from factflow.model.types import Kind, coerce_value, kind_of_type, python_type_name, spark_type, sql_type
 from factflow.text import plural
 
 __all__ = ["PreparedTransaction", "WideOps", "prepare", "read_ops", "read_wide", "combine", "effective_changes", "format_errors", "SLOT", "TX_SCHEMA", "ERR"]
@@ -291,16 +296,20 @@ def _wide_from_pandas(tx: pd.DataFrame, schema: Schema) -> WideOps:
         signs = np.where(added.to_numpy(dtype=bool), 1, -1)
     else:
         signs = np.ones(len(tx), dtype="int32")
-    wide = pd.DataFrame({"a": names.map(lambda n: attributes[n].id).astype("int32").to_numpy(),
-                         "e": entities.to_numpy(), "op": signs.astype("int32")})
+    codes, uniques = pd.factorize(names.to_numpy(), use_na_sentinel=False)
+    ids = np.array([attributes[name].id for name in uniques], dtype="int32")
+    wide = pd.DataFrame({"a": ids[codes], "e": entities.to_numpy(), "op": signs.astype("int32")})
+    parts: dict[Kind, list[tuple[np.ndarray, Any]]] = {kind: [] for kind in Kind}
+    for code, name in enumerate(uniques):
+        attribute = attributes[name]
+        positions = np.flatnonzero(codes == code)
+        parts[attribute.kind].append((positions, _typed_values(
+            tx["v"].iloc[positions], attribute.value_type,
+            lambda position, v, attribute=attribute, positions=positions: TransactionError(
+                f"{where(int(positions[position]))}: {v!r} ({python_type_name(v)}) is not a valid "
+                f"{attribute.value_type} value for {attribute.name}"))))
     for kind in Kind:
-        wide[SLOT[kind]] = pd.Series([None] * len(tx), dtype="object")
-    for name, attribute in attributes.items():
-        mask = (names == name).to_numpy()
-        wide.loc[mask, SLOT[attribute.kind]] = _typed_values(tx["v"][mask], attribute, where)
-    for kind in (Kind.LONG, Kind.DOUBLE, Kind.BOOLEAN):
-        wide[SLOT[kind]] = wide[SLOT[kind]].astype({Kind.LONG: "Int64", Kind.DOUBLE: "Float64",
-                                                     Kind.BOOLEAN: "boolean"}[kind])
+        wide[SLOT[kind]] = _slot(kind, len(tx), parts[kind])
     return WideOps(wide, list(attributes.values()))
 
 
@@ -312,18 +321,38 @@ def _first(flags: pd.Series) -> int:
 def _entities(column: pd.Series) -> pd.Series:
     """Column e as int64 entity ids; a TransactionError names the first row whose id is
     missing or not a 64-bit integer (as for an operation: a float, a bool or a text is not)."""
-    if not (pd.api.types.is_signed_integer_dtype(column.dtype) and not column.isna().any()):
-        for position, e in enumerate(column.tolist()):
-            if not coerce_value(e, "ref")[0]:
-                raise TransactionError(f"transaction DataFrame, {_row(position)}: entity id must be a 64-bit "
-                                       f"integer, got {e!r}")
-    return column.astype("int64")
+    if pd.api.types.is_signed_integer_dtype(column.dtype) and not column.isna().any():
+        return column.astype("int64")
+    return pd.Series(_typed_values(column, "ref", lambda position, e: TransactionError(
+        f"transaction DataFrame, {_row(position)}: entity id must be a 64-bit integer, got {e!r}")),
+        index=column.index, dtype="int64")
 
 
-def _typed_values(values: pd.Series, attribute: Attribute, where: Callable[[int], str]) -> pd.Series:
-    """Values of one attribute converted to its type; vectorized when the dtype already fits.
-    A value that does not fit rejects the transaction, named by ``where(position)``."""
-    kind = attribute.kind
+#: The Python types whose values each value type accepts (as :func:`coerce_value` does),
+#: and the subtypes among them it refuses.
+_ACCEPTED = {
+    "long": ((int, np.integer), (bool,)),
+    "ref": ((int, np.integer), (bool,)),
+    "double": ((int, float, np.integer, np.floating), (bool,)),
+    "string": ((str,), (Keyword, Symbol)),
+    "boolean": ((bool, np.bool_), ()),
+    "instant": ((dt.datetime,), ()),
+}
+_ARROW_TYPE = {Kind.LONG: pa.int64(), Kind.DOUBLE: pa.float64(), Kind.STRING: pa.string(), Kind.BOOLEAN: pa.bool_(),
+               Kind.INSTANT: pa.timestamp("us")}
+
+
+def _typed_values(values: pd.Series, value_type: str, refuse: Callable[[int, Any], TransactionError]) -> np.ndarray:
+    """``values`` converted to ``value_type``, as a NumPy array (object for strings,
+    ``datetime64[us]`` for instants). A value that does not fit rejects the transaction
+    with ``refuse(position, value)`` (its position in ``values``).
+
+    No Python code runs per value unless one is wrong: a column whose dtype fits is
+    converted as a whole; an object column is taken by the Python types present in it (a
+    census in C, ``set(map(type, ...))``) and converted by Arrow when every type is one the
+    attribute accepts. Only then, or when Arrow refuses a value (a long out of range), are
+    the values checked one by one, to name the one at fault."""
+    kind = kind_of_type(value_type)
     dtype = values.dtype
     fits = (
         (kind is Kind.LONG and pd.api.types.is_integer_dtype(dtype) and not pd.api.types.is_bool_dtype(dtype))
@@ -336,20 +365,54 @@ def _typed_values(values: pd.Series, attribute: Attribute, where: Callable[[int]
             stamps = pd.to_datetime(values)
             if stamps.dt.tz is not None:
                 stamps = stamps.dt.tz_convert("UTC").dt.tz_localize(None)
-            return stamps.astype(object)
+            return stamps.to_numpy().astype("datetime64[us]")
         if kind is Kind.DOUBLE:
-            return values.astype("float64").astype(object)
-        return values.astype(object)
-    converted = []
-    for position, v in values.items():  # mixed object column: each value must be checked on its own
-        ok, norm = coerce_value(v, attribute.value_type)
+            values = values.astype("float64")
+            if not values.isna().any():  # NaN is no value
+                return values.to_numpy()
+        else:
+            return values.to_numpy(dtype={Kind.LONG: "int64", Kind.BOOLEAN: "bool"}[kind])
+    objects = values.to_numpy(dtype=object)
+    accepted, refused = _ACCEPTED[value_type]
+    census = set(map(type, objects))
+    if all(issubclass(t, accepted) and not issubclass(t, refused) for t in census):
+        if kind is Kind.STRING:
+            return objects
+        try:
+            converted = pa.array(objects, type=_ARROW_TYPE[kind], safe=kind is not Kind.INSTANT)
+        except (pa.ArrowException, OverflowError, ValueError, TypeError):
+            converted = None
+        if converted is not None and not (kind is Kind.DOUBLE and pc.any(pc.is_nan(converted)).as_py()):
+            return converted.to_numpy(zero_copy_only=False)
+    checked = []
+    for position, v in enumerate(objects):  # a value is wrong: find the first, to name it
+        ok, norm = coerce_value(v, value_type)
         if not ok:
-            raise TransactionError(
-                f"{where(position)}: {v!r} ({python_type_name(v)}) is not a valid "
-                f"{attribute.value_type} value for {attribute.name}"
-            )
-        converted.append(norm)
-    return pd.Series(converted, index=values.index, dtype=object)
+            raise refuse(position, v)
+        checked.append(norm)
+    return pa.array(checked, type=_ARROW_TYPE[kind]).to_numpy(zero_copy_only=False)
+
+
+def _slot(kind: Kind, n: int, parts: list[tuple[np.ndarray, np.ndarray]]) -> Any:
+    """The wide frame's value column of ``kind``: ``n`` rows, each part's values at its
+    positions, missing elsewhere (nullable dtypes, object for strings)."""
+    if kind is Kind.STRING:
+        column = np.full(n, None, dtype=object)
+    elif kind is Kind.INSTANT:
+        column = np.full(n, np.datetime64("NaT"), dtype="datetime64[us]")
+    else:
+        column = np.zeros(n, dtype={Kind.LONG: "int64", Kind.DOUBLE: "float64", Kind.BOOLEAN: "bool"}[kind])
+    missing = np.ones(n, dtype=bool)
+    for positions, values in parts:
+        column[positions] = values
+        missing[positions] = False
+    if kind is Kind.LONG:
+        return pd.arrays.IntegerArray(column, missing)
+    if kind is Kind.DOUBLE:
+        return pd.arrays.FloatingArray(column, missing)
+    if kind is Kind.BOOLEAN:
+        return pd.arrays.BooleanArray(column, missing)
+    return column
 
 
 def _from_spark(tx: DataFrame, schema: Schema, spark: SparkSession, small: bool) -> PreparedTransaction:
@@ -457,8 +520,9 @@ def _show(op: Any) -> str:
 
 # ------------------------------------------------------------------ effective changes
 
-def _text(expr: str) -> str:
-    return f"coalesce(CAST({expr} AS STRING), 'nil')"
+def _value_text() -> str:
+    """SQL of a wide row's value as text (its one non-NULL slot), for messages."""
+    return f"coalesce({', '.join(f'CAST(`{SLOT[k]}` AS STRING)' for k in Kind)}, 'nil')"
 
 
 def _input_errors(tx_view: str) -> str:
@@ -479,43 +543,76 @@ def _current_filter(tx_view: str, attribute: Attribute, entities: list[int] | No
             f"ON c.`e` = k.`e`")
 
 
-def _attribute_changes(sql: Statement, tx_view: str, attribute: Attribute, current: str,
-                       entities: list[int] | None) -> str:
-    """Effective changes and errors ``(e, v, _diff, err)`` of one attribute.
+def _ids(attributes: Sequence[Attribute]) -> str:
+    return ", ".join(str(a.id) for a in attributes)
+
+
+def _present(sql: Statement, tx_view: str, tx: PreparedTransaction, current: dict[int, str],
+             inline_entities: bool) -> str:
+    """The current facts ``(a, e, <value slots>, n_add, n_ret, cur)`` of the entities the
+    transaction touches, every attribute's in the wide form. A small transaction restricts
+    each attribute's state by its own entities (a list, or a semi join); a bulk one
+    restricts their union once, by a semi join with the transaction's distinct ``(a, e)``,
+    so that the transaction is read once, not once per attribute."""
+    parts = []
+    for attribute in tx.attributes:
+        slots = ", ".join(f"CAST({'c.`v`' if k is attribute.kind else 'NULL'} AS {sql_type(k)}) AS `{SLOT[k]}`"
+                          for k in Kind)
+        entities = tx.entities.get(attribute.id) if tx.entities is not None and inline_entities else None
+        where = _current_filter(tx_view, attribute, entities) if tx.small else ""
+        parts.append(f"SELECT CAST({attribute.id} AS INT) AS `a`, c.`e`, {slots}, 0L AS `n_add`, 0L AS `n_ret`, "
+                     f"c.`{DIFF}` AS `cur` FROM {current[attribute.id]} c {where}")
+    present = sql.define(" UNION ALL ".join(parts))
+    if tx.small:
+        return present
+    return sql.define(f"SELECT * FROM {present} p LEFT SEMI JOIN (SELECT DISTINCT `a`, `e` FROM {tx_view}) k "
+                      f"ON p.`a` = k.`a` AND p.`e` = k.`e`")
+
+
+def _changes(sql: Statement, tx_view: str, tx: PreparedTransaction, current: dict[int, str],
+             inline_entities: bool) -> str:
+    """Effective changes and errors ``(a, e, <value slots>, _diff, err)`` of every attribute
+    the transaction touches, in one pass over the transaction.
 
     One aggregation over the transaction's rows and the current state of the entities it
-    touches sums, per fact, how often it is asserted and retracted and its current count;
-    for cardinality-one attributes a window over each entity tells whether it is given a
-    new value (which displaces the present one) or several (an error).
+    touches sums, per fact ``(a, e, value)``, how often it is asserted and retracted and
+    its current count; for cardinality-one attributes a window over each ``(a, e)`` tells
+    whether the entity is given a new value (which displaces the present one) or several
+    (an error). A bulk statement distributes the rows by ``(a, e)`` first, which both the
+    aggregation and the window then keep: one shuffle of the transaction, whatever the
+    number of attributes it touches.
     """
-    name = str(attribute.name).replace("'", "")
-    slot = SLOT[attribute.kind]
-    rows = (
-        f"SELECT `e`, `{slot}` AS `v`, CAST(`op` = 1 AS BIGINT) AS `n_add`, CAST(`op` = -1 AS BIGINT) AS `n_ret`, "
-        f"0L AS `cur` FROM {tx_view} WHERE `a` = {attribute.id} AND `e` IS NOT NULL AND `{slot}` IS NOT NULL "
-        f"UNION ALL SELECT c.`e`, c.`v`, 0L, 0L, c.`{DIFF}` FROM {current} c {_current_filter(tx_view, attribute, entities)}"
-    )
-    facts = (f"SELECT `e`, `v`, SUM(`n_add`) AS `n_add`, SUM(`n_ret`) AS `n_ret`, SUM(`cur`) AS `cur` "
-             f"FROM {sql.define(rows)} GROUP BY `e`, `v`")  # a small statement's union: one partition
-    both = (f"WHEN `n_add` > 0 AND `n_ret` > 0 THEN concat('{name}: entity ', CAST(`e` AS STRING), ' value ', "
-            f"{_text('`v`')}, ' is both asserted and retracted in one transaction')")
-    if attribute.semantics == "one":
-        window = "OVER (PARTITION BY `e`)"
+    slots = ", ".join(f"`{SLOT[k]}`" for k in Kind)
+    has_value = " OR ".join(f"`{SLOT[k]}` IS NOT NULL" for k in Kind)
+    ids = [a.id for a in tx.attributes]
+    rows = (f"SELECT `a`, `e`, {slots}, CAST(`op` = 1 AS BIGINT) AS `n_add`, CAST(`op` = -1 AS BIGINT) AS `n_ret`, "
+            f"0L AS `cur` FROM {tx_view} WHERE `a` IN ({', '.join(map(str, ids))}) AND `e` IS NOT NULL "
+            f"AND ({has_value}) UNION ALL SELECT * FROM {_present(sql, tx_view, tx, current, inline_entities)}")
+    spread = "" if tx.small else " DISTRIBUTE BY `a`, `e`"
+    facts = (f"SELECT `a`, `e`, {slots}, SUM(`n_add`) AS `n_add`, SUM(`n_ret`) AS `n_ret`, SUM(`cur`) AS `cur` "
+             f"FROM (SELECT * FROM {sql.define(rows)}{spread}) GROUP BY `a`, `e`, {slots}")
+    names = " ".join(f"WHEN {a.id} THEN '{str(a.name).replace(chr(39), '')}'" for a in tx.attributes)
+    name = f"(CASE `a` {names} END)"
+    both = (f"WHEN `n_add` > 0 AND `n_ret` > 0 THEN concat({name}, ': entity ', CAST(`e` AS STRING), ' value ', "
+            f"{_value_text()}, ' is both asserted and retracted in one transaction')")
+    ones = [a for a in tx.attributes if a.semantics == "one"]
+    raws = [a for a in tx.attributes if a.semantics == "raw"]
+    diff = "CASE WHEN `n_add` > 0 AND `cur` <= 0 THEN 1 WHEN `n_ret` > 0 AND `cur` > 0 THEN -1 ELSE 0 END"  # set
+    err = f"CASE {both} END"
+    if raws:
+        diff = f"CASE WHEN `a` IN ({_ids(raws)}) THEN `n_add` - least(`n_ret`, greatest(`cur`, 0)) ELSE {diff} END"
+    if ones:
+        window = "OVER (PARTITION BY `a`, `e`)"
         facts = (f"SELECT *, SUM(CAST(`n_add` > 0 AS BIGINT)) {window} AS `entity_adds`, "
-                 f"collect_list(CASE WHEN `n_add` > 0 THEN {_text('`v`')} END) {window} AS `added_values` "
+                 f"collect_list(CASE WHEN `n_add` > 0 THEN {_value_text()} END) {window} AS `added_values` "
                  f"FROM ({facts})")
-        diff = ("CASE WHEN `n_add` > 0 AND `cur` <= 0 THEN 1 "
-                "WHEN `cur` > 0 AND (`n_ret` > 0 OR (`entity_adds` > 0 AND `n_add` = 0)) THEN -1 ELSE 0 END")
-        err = (f"CASE {both} WHEN `n_add` > 0 AND `entity_adds` > 1 THEN concat('{name} has cardinality one, "
-               f"but entity ', CAST(`e` AS STRING), ' is given several values in one transaction: ', "
-               f"concat_ws(', ', array_sort(`added_values`))) END")
-    elif attribute.semantics == "raw":
-        diff = "`n_add` - least(`n_ret`, greatest(`cur`, 0))"
-        err = f"CASE {both} END"
-    else:
-        diff = "CASE WHEN `n_add` > 0 AND `cur` <= 0 THEN 1 WHEN `n_ret` > 0 AND `cur` > 0 THEN -1 ELSE 0 END"
-        err = f"CASE {both} END"
-    decided = f"SELECT `e`, `v`, CAST({diff} AS BIGINT) AS `{DIFF}`, {err} AS `{ERR}` FROM ({facts})"
+        one = ("CASE WHEN `n_add` > 0 AND `cur` <= 0 THEN 1 "
+               "WHEN `cur` > 0 AND (`n_ret` > 0 OR (`entity_adds` > 0 AND `n_add` = 0)) THEN -1 ELSE 0 END")
+        diff = f"CASE WHEN `a` IN ({_ids(ones)}) THEN {one} ELSE {diff} END"
+        err = (f"CASE {both} WHEN `a` IN ({_ids(ones)}) AND `n_add` > 0 AND `entity_adds` > 1 THEN concat({name}, "
+               f"' has cardinality one, but entity ', CAST(`e` AS STRING), ' is given several values in one "
+               f"transaction: ', concat_ws(', ', array_sort(`added_values`))) END")
+    decided = f"SELECT `a`, `e`, {slots}, CAST({diff} AS BIGINT) AS `{DIFF}`, {err} AS `{ERR}` FROM ({facts})"
     return sql.define(f"SELECT * FROM ({decided}) WHERE `{DIFF}` <> 0 OR `{ERR}` IS NOT NULL")
 
 
@@ -537,12 +634,8 @@ def effective_changes(tx_view: str, tx: PreparedTransaction, current: dict[int, 
         errors = _input_errors(tx_view)
         slots = [f"CAST(NULL AS {sql_type(k)}) AS `{SLOT[k]}`" for k in Kind]
         parts.append(f"SELECT `a`, `e`, {', '.join(slots)}, 0L AS `{DIFF}`, `{ERR}` FROM ({errors})")
-    for attribute in tx.attributes:
-        entities = tx.entities.get(attribute.id) if tx.entities is not None and inline_entities else None
-        changes = _attribute_changes(sql, tx_view, attribute, current[attribute.id], entities)
-        slots = [f"CAST({'`v`' if k is attribute.kind else 'NULL'} AS {sql_type(k)}) AS `{SLOT[k]}`" for k in Kind]
-        parts.append(f"SELECT CAST({attribute.id} AS INT) AS `a`, `e`, {', '.join(slots)}, `{DIFF}`, `{ERR}` "
-                     f"FROM {changes}")
+    if tx.attributes:
+        parts.append(f"SELECT * FROM {_changes(sql, tx_view, tx, current, inline_entities)}")
     if not parts:
         return None
     return sql.render(" UNION ALL ".join(f"({p})" for p in parts))

@@ -7,6 +7,14 @@ nullable Int64 or boolean column, ``NaN`` in an integer column with gaps). factf
 builds a pyarrow Table with the Spark schema's Arrow types instead, which Spark takes
 through the same Arrow path whatever that setting says.
 
+A large frame becomes a DataFrame over an RDD of its Arrow batches, never a
+``LocalRelation``: Spark turns an Arrow payload of less than
+``spark.sql.execution.arrow.localRelationThreshold`` (48 MB) into a ``LocalRelation``,
+whose rows live in the logical plan itself, and every plan built over it pays for them on
+the driver (the optimizer evaluates projections and filters over the rows, the cache
+manager compares plans row by row). A transaction of 842,450 facts spent over 400 s
+there, in a dozen statements over its rows; over an RDD the same plans cost milliseconds.
+
 A small frame can instead be written into a statement's text as an inline table
 (:func:`values_sql`): Spark parses a few rows faster than it creates a DataFrame and a
 temp view for them.
@@ -25,7 +33,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 
 from factflow.model.types import ident
 
-__all__ = ["spark_frame", "arrow_table", "values_sql", "in_session", "consolidated", "INLINE_ROWS"]
+__all__ = ["spark_frame", "arrow_table", "values_sql", "in_session", "consolidated", "INLINE_ROWS", "LOCAL_RELATION_ROWS"]
 
 #: Driver-side relations of at most this many rows enter statements as inline tables
 #: (:func:`values_sql`). On this project's 2-core machine (``benchmarks/inline_relations.py``),
@@ -34,15 +42,36 @@ __all__ = ["spark_frame", "arrow_table", "values_sql", "in_session", "consolidat
 #: sooner, and at 1,024 rows it was slower.
 INLINE_ROWS = 64
 
+#: Driver-side frames of more rows than this become DataFrames over an RDD of their Arrow
+#: batches, not ``LocalRelation`` plans (see the module docstring). Up to it a
+#: ``LocalRelation`` costs little and saves a job: the engine's local batches (at most
+#: ``EngineConfig.local_limit`` rows, 20,000 by default) stay below it.
+LOCAL_RELATION_ROWS = 65_536
+_LOCAL_RELATION_THRESHOLD = "spark.sql.execution.arrow.localRelationThreshold"
+
 
 def spark_frame(spark: SparkSession, frame: pd.DataFrame, schema: T.StructType) -> DataFrame:
     """A Spark DataFrame of ``frame``'s columns named in ``schema``, typed as ``schema`` says.
 
     Timestamps are truncated to microseconds, as Spark's own Arrow conversion does (with
     ``spark.sql.execution.pandas.convertToArrowArraySafely`` at its default, false). An
-    empty frame gives an empty DataFrame whatever dtypes pandas gave its empty columns.
+    empty frame gives an empty DataFrame whatever dtypes pandas gave its empty columns. A
+    frame of more than :data:`LOCAL_RELATION_ROWS` rows is read from an RDD (see the module
+    docstring).
     """
-    return spark.createDataFrame(arrow_table(frame, schema), schema=schema)
+    table = arrow_table(frame, schema)
+    if table.num_rows <= LOCAL_RELATION_ROWS:
+        return spark.createDataFrame(table, schema=schema)
+    conf = spark.conf
+    before = conf.get(_LOCAL_RELATION_THRESHOLD, None)
+    conf.set(_LOCAL_RELATION_THRESHOLD, "0")  # read as a session setting while the frame is created
+    try:
+        return spark.createDataFrame(table, schema=schema)
+    finally:
+        if before is None:
+            conf.unset(_LOCAL_RELATION_THRESHOLD)
+        else:
+            conf.set(_LOCAL_RELATION_THRESHOLD, before)
 
 
 def values_sql(frame: pd.DataFrame, schema: T.StructType) -> str:

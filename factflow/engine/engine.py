@@ -374,15 +374,17 @@ class Engine:
         for member in members:
             outcomes[member] = epoch
 
-    def load(self, path: str | Sequence[str], format: str = "csv", entity: str = "id",
-             attributes: dict[str, str] | None = None, options: dict[str, str] | None = None) -> LoadReport:
-        """Read ``path`` with Spark (``spark.read.format(format).options(**options)``) and apply,
-        as one epoch, a fact per non-NULL cell of each column mapped by ``attributes``
-        (``{attribute: column}``) for the entity in column ``entity``, converted to the
-        attribute's type; a value that does not convert rejects it all (:class:`LoadError`).
-        See :mod:`factflow.io.load`."""
+    def load(self, path: str | Sequence[str] | DataFrame, format: str = "csv", entity: str = "id",
+             attributes: dict[str, str] | None = None, options: dict[str, str] | None = None,
+             added: bool = True) -> LoadReport:
+        """Read ``path`` with Spark (``spark.read.format(format).options(**options)``), or take
+        the Spark DataFrame given as ``path``, and apply, as one epoch, a fact per non-NULL
+        cell of each column mapped by ``attributes`` (``{attribute: column}``) for the entity
+        in column ``entity``, converted to the attribute's type (retracted when ``added`` is
+        false); a value that does not convert rejects it all (:class:`LoadError`). See
+        :mod:`factflow.io.load`; relational tables: :mod:`factflow.io.tables`."""
         self._check_open()
-        return load(self, path, format, entity, attributes, options)
+        return load(self, path, format, entity, attributes, options, added)
 
     def ingest(self, stream: DataFrame, source: str, checkpoint: str, on_error: str = "skip",
                trigger: dict[str, Any] | None = None) -> StreamingQuery:

@@ -51,14 +51,13 @@ from factflow.edn import Keyword, Symbol
 from factflow.arrangement.batch import DIFF, local_relation
 from factflow.arrangement.views import register_view
 from factflow.errors import EdnSyntaxError, TransactionError, UnknownAttributeError
-from factflow.io.load import typed_column
 from factflow.model.frames import in_session
 from factflow.model.schema import Attribute, Schema
 from factflow.dataflow.statement import Statement
-from factflow.model.types import Kind, coerce_value, kind_of_type, python_type_name, spark_type, sql_type
+from factflow.model.types import Kind, coerce_value, kind_of_type, python_type_name, spark_type, sql_type, typed_column
 from factflow.text import plural
 
-__all__ = ["PreparedTransaction", "WideOps", "prepare", "read_ops", "read_wide", "combine", "effective_changes", "format_errors", "SLOT", "TX_SCHEMA", "ERR"]
+__all__ = ["PreparedTransaction", "WideOps", "WideFrame", "prepare", "read_ops", "read_wide", "combine", "effective_changes", "format_errors", "SLOT", "TX_SCHEMA", "ERR"]
 
 SLOT = {Kind.LONG: "vl", Kind.DOUBLE: "vd", Kind.STRING: "vs", Kind.BOOLEAN: "vb", Kind.INSTANT: "vt"}
 ERR = "err"
@@ -80,7 +79,7 @@ class PreparedTransaction:
 
     frame: DataFrame | None  # Spark input (checked lazily); None when the rows are ``local``
     attributes: list[Attribute]
-    rows: int | None  # None when unknown (Spark input)
+    rows: int | None  # None when unknown (Spark input, whose rows may carry a ``_problem``)
     small: bool       # small enough to collect its effective changes to the driver
     entities: dict[int, list[int]] | None = None  # entity ids per attribute id, when known
     local: pd.DataFrame | None = None  # the rows in ``TX_SCHEMA``'s columns, when on the driver
@@ -98,6 +97,11 @@ def prepare(tx: Any, schema: Schema, spark: SparkSession, local_limit: int) -> P
     """Validate what can be checked without data and build the wide transaction frame."""
     if isinstance(tx, WideOps):
         return _from_wide(tx, local_limit)
+    if isinstance(tx, WideFrame):
+        if tx.rows <= local_limit:
+            spark.sparkContext.setJobDescription("fetch a small transaction")
+            return _from_wide(tx.fetch(), local_limit)
+        return PreparedTransaction(in_session(tx.frame, spark).select(*TX_SCHEMA.names), tx.attributes, tx.rows, False)
     if isinstance(tx, (DataFrame, pd.DataFrame)):
         _check_columns(tx.columns)
     if isinstance(tx, DataFrame):
@@ -198,6 +202,24 @@ class WideOps:
         return cls(frame, [schema.by_id(int(a)) for a in dict.fromkeys(columns["a"])])
 
 
+@dataclass
+class WideFrame:
+    """Operations typed and checked in Spark already, in wide form: a Spark frame with
+    ``TX_SCHEMA``'s columns (``a``, ``e``, ``op`` and the value slots, only the slot of each
+    row's attribute set), the attributes it touches and its number of rows. What
+    :func:`factflow.io.load.load` builds: a bulk one is applied without converting or
+    checking its values again."""
+
+    frame: DataFrame
+    attributes: list[Attribute]
+    rows: int
+
+    def fetch(self) -> WideOps:
+        """The operations on the driver."""
+        frame = self.frame.select(*TX_SCHEMA.names).toArrow().to_pandas(integer_object_nulls=True)
+        return WideOps(frame, self.attributes)
+
+
 def read_ops(tx: Any, schema: Schema) -> WideOps:
     """Check a transaction given as a list of ``[op e a v]`` operations (or EDN text of one)
     against the schema, on the driver; raises :class:`TransactionError` naming the first bad one."""
@@ -252,8 +274,9 @@ def combine(parts: Sequence[WideOps]) -> WideOps:
 
 def _from_wide(wide: WideOps, local_limit: int) -> PreparedTransaction:
     frame = wide.frame
-    return PreparedTransaction(None, wide.attributes, len(frame), len(frame) <= local_limit,
-                               _entities_by_attribute(frame), local=frame)
+    small = len(frame) <= local_limit  # only a small transaction's state is read by its entities
+    return PreparedTransaction(None, wide.attributes, len(frame), small,
+                               _entities_by_attribute(frame) if small else None, local=frame)
 
 
 def _entities_by_attribute(frame: pd.DataFrame) -> dict[int, list[int]]:

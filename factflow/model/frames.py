@@ -48,6 +48,7 @@ INLINE_ROWS = 64
 #: ``EngineConfig.local_limit`` rows, 20,000 by default) stay below it.
 LOCAL_RELATION_ROWS = 65_536
 _LOCAL_RELATION_THRESHOLD = "spark.sql.execution.arrow.localRelationThreshold"
+_BATCH_ROWS = "spark.sql.execution.arrow.maxRecordsPerBatch"
 
 
 def spark_frame(spark: SparkSession, frame: pd.DataFrame, schema: T.StructType) -> DataFrame:
@@ -62,16 +63,22 @@ def spark_frame(spark: SparkSession, frame: pd.DataFrame, schema: T.StructType) 
     table = arrow_table(frame, schema)
     if table.num_rows <= LOCAL_RELATION_ROWS:
         return spark.createDataFrame(table, schema=schema)
+    # Session settings, read while the frame is created: no LocalRelation, and one Arrow
+    # batch (a partition) per task slot rather than one per 10,000 rows
+    batch_rows = max(LOCAL_RELATION_ROWS, -(-table.num_rows // spark.sparkContext.defaultParallelism))
+    settings = {_LOCAL_RELATION_THRESHOLD: "0", _BATCH_ROWS: str(batch_rows)}
     conf = spark.conf
-    before = conf.get(_LOCAL_RELATION_THRESHOLD, None)
-    conf.set(_LOCAL_RELATION_THRESHOLD, "0")  # read as a session setting while the frame is created
+    before = {key: conf.get(key, None) for key in settings}
+    for key, value in settings.items():
+        conf.set(key, value)
     try:
         return spark.createDataFrame(table, schema=schema)
     finally:
-        if before is None:
-            conf.unset(_LOCAL_RELATION_THRESHOLD)
-        else:
-            conf.set(_LOCAL_RELATION_THRESHOLD, before)
+        for key, value in before.items():
+            if value is None:
+                conf.unset(key)
+            else:
+                conf.set(key, value)
 
 
 def values_sql(frame: pd.DataFrame, schema: T.StructType) -> str:

@@ -14,10 +14,12 @@ import math
 from enum import Enum
 from typing import Any
 
+from pyspark.sql import Column
+from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 __all__ = ["Kind", "VALUE_TYPES", "kind_of_type", "spark_type", "sql_type", "coerce_value", "kind_of_python_value",
-           "python_type_name", "INT64_MIN", "INT64_MAX", "to_utc_naive", "from_utc_naive", "ident"]
+           "python_type_name", "INT64_MIN", "INT64_MAX", "to_utc_naive", "from_utc_naive", "ident", "typed_column"]
 
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
@@ -176,3 +178,37 @@ def _is_edn_name(value: Any) -> bool:
     from factflow.edn import Keyword, Symbol
 
     return isinstance(value, (Keyword, Symbol))
+
+
+_INTEGRAL = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
+_FRACTIONAL = (T.FloatType, T.DoubleType, T.DecimalType)
+
+
+def typed_column(column: Column, source: T.DataType, value_type: str) -> Column:
+    """``column`` (of Spark type ``source``) converted to ``value_type``; NULL where a value
+    does not convert. Text is parsed as Spark's ``try_cast`` does; a number never comes from a
+    boolean, a long or ref only from an integral value; an instant comes from a timestamp or
+    date, from an integer or a text of digits (milliseconds since the epoch, as LDBC writes
+    them) or from an ISO-8601 text (UTC); a double is never NaN."""
+    kind = kind_of_type(value_type)
+    target = spark_type(kind)
+    if kind is Kind.STRING:
+        return column.cast(target)
+    if isinstance(source, T.BooleanType) and kind is not Kind.BOOLEAN:
+        return F.lit(None).cast(target)
+    if kind is Kind.INSTANT:
+        if isinstance(source, (T.TimestampType, T.TimestampNTZType, T.DateType)):
+            return column.cast(target)
+        if isinstance(source, _INTEGRAL):
+            return F.timestamp_millis(column).cast(target)
+        if isinstance(source, T.StringType):
+            text = F.trim(column)
+            return F.when(text.rlike(r"^-?[0-9]+$"), F.timestamp_millis(text.try_cast("long")).cast(target)) \
+                .otherwise(text.try_cast(target))
+        return F.lit(None).cast(target)
+    typed = column.try_cast(target)
+    if kind is Kind.LONG and isinstance(source, _FRACTIONAL):
+        typed = F.when(typed.cast(source) == column, typed)
+    if kind is Kind.DOUBLE:
+        typed = F.when(~F.isnan(typed), typed)
+    return typed

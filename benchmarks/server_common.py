@@ -58,8 +58,9 @@ SERVER_COMMAND = [sys.executable, "-m", "factflow", "serve", "--port", "0"]
 class ServerProcess:
     """The server as a child process: started, its URL read from its announcement, stopped with SIGTERM."""
 
-    def __init__(self, stderr_path: str | None = None, timeout: float = 300):
-        command, self.description = SERVER_COMMAND, "factflow serve --port 0"
+    def __init__(self, stderr_path: str | None = None, timeout: float = 300, extra: list[str] | None = None):
+        command = SERVER_COMMAND + list(extra or [])
+        self.description = " ".join(["factflow serve --port 0", *(extra or [])])
         env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
         self.stderr_path = stderr_path or os.path.join("/tmp", f"factflow-server-bench-{os.getpid()}.log")
         self._stderr = open(self.stderr_path, "w")

@@ -64,6 +64,18 @@ def server(spark):
     db.close()
 
 
+@pytest.fixture(autouse=True)
+def _settled(request):
+    """After a test with the server, wait until the epochs departing clients left for the
+    command thread (retracting their constants) have run: a status request queues behind them."""
+    yield
+    if "server" in request.fixturenames:
+        running, _ = request.getfixturevalue("server")
+        time.sleep(0.3)
+        with Client(running.url, timeout=120) as client:
+            client.status()
+
+
 def test_clients_with_their_own_constants_share_one_dataflow_and_see_their_own_rows(server):
     running, db = server
     rng = random.Random(3)

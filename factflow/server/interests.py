@@ -125,6 +125,7 @@ class Interests:
         self._families: dict[str, _Family] = {}
         self._lifted: dict[tuple[str, str], tuple[_Family, int, Lifted]] = {}  # (client, name) -> its lifting
         self._keys = itertools.count(_LIFT_KEYS)
+        self._unwritten: list[list] = []  # parameter facts of lifted interests admitted, for :meth:`settle`
         self._forget_lifted_parameters()
         for query in engine.queries.values():  # the durable queries a state directory brought back
             if query.durable:
@@ -194,18 +195,27 @@ class Interests:
         family.members.setdefault(key, {})[member] = listener
         listener.queries.add(name)
         self._lifted[member] = (family, key, lifted)
-        if new:
+        if new:  # its facts are written by :meth:`settle`, with those of the interests admitted beside it
             family.fresh.add(member)
-            try:
-                self.engine.transact([[":db/add", key, attribute, value]
-                                      for (attribute, _), value in zip(family.lifted.attributes, lifted.constants)])
-            except BaseException:
-                self._leave_family(listener, name)
-                raise
-        if member in family.fresh or not new:  # no rows came with the epoch, or the entity was there already
-            family.fresh.discard(member)
+            self._unwritten += [[":db/add", key, attribute, value]
+                                for (attribute, _), value in zip(family.lifted.attributes, lifted.constants)]
+        else:
             self._push(listener, "diff", name, self.engine.epoch, family.routes.current(key), True, False)
         return Joined(name, family.query.columns[1:], False, lifted.explain())
+
+    def settle(self) -> None:
+        """Write the parameter facts of the lifted interests admitted since the last call, in
+        one epoch for all of them (the command thread admits the interests waiting together,
+        as it commits transactions), and send each new member whose rows did not come with
+        that epoch its (empty) first result."""
+        operations, self._unwritten = self._unwritten, []
+        if operations:
+            self.engine.transact(operations)
+        for family in self._families.values():
+            for member in list(family.fresh):
+                family.fresh.discard(member)
+                listener = family.members[self._lifted[member][1]][member]
+                self._push(listener, "diff", member[1], self.engine.epoch, [], True, False)
 
     def _install_family(self, lifted: Lifted, join: str) -> _Family:
         for attribute, value_type in lifted.attributes:

@@ -8,7 +8,10 @@ and not a coroutine: the event loop keeps reading, replying and pushing meanwhil
 Group commit: when the thread is free, it takes every transaction waiting at the front
 of the queue at once and applies them with :meth:`factflow.Engine.transact_many` (one
 epoch for all that are compatible, each validated on its own); transactions that arrive
-while an epoch runs therefore land together in the next one.
+while an epoch runs therefore land together in the next one. Interests are admitted the
+same way: those waiting together are taken together, and the parameter facts of those
+whose constants the server lifts (:mod:`factflow.server.lifting`) are written in one
+epoch for all of them.
 
 A command's outcome reaches its client through ``done(command, result, error)``, which
 the server turns into a reply queued behind the diffs the command's epoch pushed.
@@ -37,6 +40,8 @@ __all__ = ["Command", "Worker", "LINGER_QUIET", "LINGER_MAX"]
 #: and the longest the command thread lingers for it (seconds).
 LINGER_QUIET = 0.002
 LINGER_MAX = 0.02
+#: The ops taken together when several wait (see :meth:`Worker._take`).
+_GROUPED = ("transact", "interest")
 
 log = logging.getLogger("factflow.server")
 
@@ -97,12 +102,12 @@ class Worker:
 
     # ------------------------------------------------------------ the thread
     def _take(self) -> list[Command] | None:
-        """The next command, or every queued transaction at once when one is first.
+        """The next command, or every queued transaction (interest) at once when one is first.
 
-        Transactions are taken from anywhere in the queue: a connection has at most one
-        request in flight, so queued commands come from different clients, and running
-        the transactions before the others queued among them is a valid total order that
-        keeps each client's own. When the first is a transaction, the thread lingers until
+        Transactions and interests are taken from anywhere in the queue: a connection has
+        at most one request in flight, so queued commands come from different clients, and
+        running them before the others queued among them is a valid total order that keeps
+        each client's own. When the first is a transaction, the thread lingers until
         the queue has been quiet for ``LINGER_QUIET`` seconds (at most ``LINGER_MAX``), so
         that clients answered by the previous epoch join this one rather than the next.
         """
@@ -111,7 +116,8 @@ class Worker:
                 self._wake.wait()
             if not self._queue:
                 return None
-            if self._queue[0].op == "transact" and not self._stopping:
+            grouped = self._queue[0].op
+            if grouped == "transact" and not self._stopping:
                 deadline = time.monotonic() + LINGER_MAX
                 while time.monotonic() < deadline:
                     size = len(self._queue)
@@ -119,10 +125,10 @@ class Worker:
                     if len(self._queue) == size:
                         break
             first = self._queue.popleft()
-            if first.op != "transact":
+            if first.op not in _GROUPED:
                 return [first]
-            taken = [first] + [c for c in self._queue if c.op == "transact"]
-            others = [c for c in self._queue if c.op != "transact"]
+            taken = [first] + [c for c in self._queue if c.op == grouped]
+            others = [c for c in self._queue if c.op != grouped]
             self._queue.clear()
             self._queue.extend(others)
             return taken
@@ -134,6 +140,8 @@ class Worker:
                 return
             if taken[0].op == "transact":
                 self._transact(taken)
+            elif taken[0].op == "interest":
+                self._admit(taken)
             else:
                 self._execute(taken[0])
 
@@ -167,6 +175,26 @@ class Worker:
                 self.transactions += 1
                 self._done(command, {"epoch": outcome}, None)
         self.epochs += len(epochs)
+
+    def _admit(self, commands: list[Command]) -> None:
+        """Interests taken together: each joined on its own, then the lifted ones' parameter
+        facts written in one epoch, then every reply."""
+        outcomes = []
+        for command in commands:
+            try:
+                outcomes.append((self._op_interest(command.listener, **command.fields), None))
+            except Exception as exc:  # noqa: BLE001 - every command must get its reply
+                outcomes.append((None, _as_protocol_error(exc)))
+        try:
+            self.interests.settle()
+        except Exception as exc:  # noqa: BLE001 - the lifted interests of this group fail with it
+            error = _as_protocol_error(exc)
+            for command, (result, _) in zip(commands, outcomes):
+                if result is not None and "lifted" in result:
+                    self.interests.uninterest(command.listener, result["name"])
+            outcomes = [(None, error) if r is not None and "lifted" in r else (r, e) for r, e in outcomes]
+        for command, (result, error) in zip(commands, outcomes):
+            self._done(command, result, error)
 
     def _execute(self, command: Command) -> None:
         try:

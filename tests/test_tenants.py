@@ -254,3 +254,27 @@ def test_what_may_be_published():
         with pytest.raises(ProtocolError, match=message) as refused:
             check_publication(text, tenant, schema, rules)
         assert refused.value.category == "incorrect"
+
+
+def test_a_published_query_survives_a_restart_of_a_durable_server(spark, tmp_path):
+    """Published on a server with a state directory, the query is installed again with its
+    routing when the server restarts; a tenant's entity is the same."""
+    tenants = Tenants.load(tenants_file(tmp_path))
+    state = str(tmp_path / "state")
+    with Engine(spark=spark, state_dir=state) as db, ServerThread(db, tenants=tenants) as running:
+        with Client(running.url, token=TOKENS["ops"]) as admin:
+            admin.create_attribute(":device/speed", type="long", semantics="one")
+            admin.create_attribute(":param.watch/device", type="ref", parameter=True)
+            assert admin.publish("watch", WATCH, tenant="?t")["durable"]
+            admin.transact([[":db/add", 100, ":device/speed", 1], [":db/add", 101, ":device/speed", 2]])
+        with Client(running.url, token=TOKENS["acme"], keep=True) as acme:
+            acme.transact([[":db/add", acme.entity, ":param.watch/device", 100]])
+    with Engine(spark=spark, state_dir=state) as db, ServerThread(db, tenants=tenants) as running:
+        with Client(running.url, token=TOKENS["acme"]) as acme:
+            assert acme.entity == tenant_entity("acme")
+            assert acme.query(name="watch").results() == {(100, 1): 1}  # kept, and routed as before
+        with Client(running.url, token=TOKENS["globex"]) as globex:
+            assert globex.query(name="watch").results() == {}
+        time.sleep(0.3)
+        with Client(running.url, token=TOKENS["ops"]) as admin:
+            admin.status()

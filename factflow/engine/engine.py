@@ -47,6 +47,7 @@ from factflow.engine.feeds import AttributeSubscriber
 from factflow.engine.granularity import Window, window_seconds
 from factflow.engine.group import plan_runs
 from factflow.engine.history import check_slack
+from factflow.engine.holdings import Holdings
 from factflow.engine.preflight import check_executors
 from factflow.storage.location import Location
 from factflow.engine.install import install
@@ -165,6 +166,7 @@ class Engine:
         self._id = next(_ENGINE_IDS)
         self._group = f"factflow-{self._id}-epoch"
         self._epoch_log: list[EpochReport] = []
+        self._holdings = Holdings()
         self._maintenance = Maintenance(self._state, self._lock, f"factflow-{self._id}-maintenance", self._epoch_log)
         warm_up(self.spark, POOL)
         self._durability: Durability | None = None
@@ -705,6 +707,15 @@ class Engine:
         with self._lock:
             self._check_open()
             return engine_stats(self._state)
+
+    def holdings(self) -> list[dict[str, Any]]:
+        """Every trace the engine keeps (shared attribute index faces, queries' private
+        traces, shared rules' traces) with its rows, batches, bytes on the driver, in Spark
+        and in index files, and the queries reading it (see :mod:`factflow.engine.holdings`);
+        as of the latest closed epoch, without a Spark job."""
+        with self._lock:
+            self._check_open()
+            return self._holdings.read(self._state)
 
     # ------------------------------------------------------------ lifecycle
     def _check_open(self) -> None:

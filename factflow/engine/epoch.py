@@ -135,7 +135,8 @@ def run_epoch(state: EngineState, tx: Any, group_prefix: str, epoch_log: list[Ep
     planned, reused = (binder.planned - counted[0], binder.reused - counted[1]) if binder is not None else (0, 0)
     report = EpochReport(epoch, prepared.rows, sum(changed.values()), [q.name for q in affected],
                          spark_jobs(spark, group), time.perf_counter() - started, phases, kept_in_spark=kept,
-                         statements=planned + reused, plans_reused=reused)
+                         statements=planned + reused, plans_reused=reused, time=time.time(),
+                         changed=[n.source.name for n in notices if isinstance(n.source, Query)])
     epoch_log.append(report)
     if log.isEnabledFor(logging.INFO):
         log.info(report.describe())

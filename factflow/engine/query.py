@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 import uuid
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
@@ -84,6 +85,8 @@ class Query:
         self.dataflow = dataflow
         self.name = dataflow.name
         self.installed_at = installed_at
+        #: when it was installed (seconds since the Unix epoch)
+        self.installed_time = time.time()
         #: what the query was installed from (a durable engine keeps it to install it again)
         self.definition = definition
         #: closed epochs before the latest that ``rows(as_of=...)`` can read

@@ -45,6 +45,9 @@ class EpochReport:
     ``spark.driver.maxResultSize`` (each costs a Spark job of its own). ``plans_reused``
     counts the epoch's statements that ran from a plan kept since an earlier epoch
     (``EngineConfig.reuse_plans``), of ``statements`` it ran in small-epoch form.
+    ``time`` is when it committed (seconds since the Unix epoch); ``changed`` names the
+    queries whose result it changed, among those whose changes are computed (queries with
+    subscribers or sinks).
     """
 
     epoch: int
@@ -59,6 +62,8 @@ class EpochReport:
     kept_in_spark: list[str] = field(default_factory=list)
     statements: int = 0
     plans_reused: int = 0
+    time: float = 0.0
+    changed: list[str] = field(default_factory=list)
 
     def describe(self) -> str:
         """Multi-line text: the epoch's figures and one line per Spark job."""

@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
-from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
 from factflow.model.types import ident
 
@@ -51,8 +51,9 @@ _LOCAL_RELATION_THRESHOLD = "spark.sql.execution.arrow.localRelationThreshold"
 _BATCH_ROWS = "spark.sql.execution.arrow.maxRecordsPerBatch"
 
 
-def spark_frame(spark: SparkSession, frame: pd.DataFrame, schema: T.StructType) -> DataFrame:
-    """A Spark DataFrame of ``frame``'s columns named in ``schema``, typed as ``schema`` says.
+def spark_frame(spark: SparkSession, frame: pd.DataFrame, schema: T.StructType | None = None) -> DataFrame:
+    """A Spark DataFrame of ``frame``'s columns named in ``schema``, typed as ``schema`` says
+    (without a schema: every column, typed as Arrow converts it).
 
     Timestamps are truncated to microseconds, as Spark's own Arrow conversion does (with
     ``spark.sql.execution.pandas.convertToArrowArraySafely`` at its default, false). An
@@ -60,7 +61,11 @@ def spark_frame(spark: SparkSession, frame: pd.DataFrame, schema: T.StructType) 
     frame of more than :data:`LOCAL_RELATION_ROWS` rows is read from an RDD (see the module
     docstring).
     """
-    table = arrow_table(frame, schema)
+    if schema is None:
+        table = pa.Table.from_pandas(frame, preserve_index=False)
+        schema = from_arrow_schema(table.schema, prefer_timestamp_ntz=True)
+    else:
+        table = arrow_table(frame, schema)
     if table.num_rows <= LOCAL_RELATION_ROWS:
         return spark.createDataFrame(table, schema=schema)
     # Session settings, read while the frame is created: no LocalRelation, and one Arrow

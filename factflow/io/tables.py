@@ -1,0 +1,182 @@
+"""Relational tables as facts: an entity per row, an attribute per column.
+
+A :class:`Table` says how one relational table maps to facts, and :func:`load_table`
+applies its rows (from files, a Spark DataFrame or a pandas frame) through
+:meth:`Engine.load <factflow.Engine.load>`, so a table costs what a load costs:
+
+* **Attributes**: column ``c`` of table ``t`` is the attribute ``:t/c``, typed from the
+  column's Spark type (integers ``long``; floats and decimals ``double``; text ``string``;
+  dates and timestamps ``instant``, a date at midnight UTC; booleans ``boolean``) with
+  cardinality one: a row has one value per column. NULL cells are no facts.
+* **Entities**: a row's entity id is a 64-bit hash of the table's name and its primary key
+  (Spark's ``xxhash64``, fixed seed, over the key's values with integers as ``BIGINT`` and
+  anything else as text): stable across loads, machines and Spark versions, so the same
+  row always has the same entity, a row can be retracted by loading it again with
+  ``added=False``, and composite keys (TPC-H's ``lineitem(orderkey, linenumber)``) need
+  nothing special. Two keys of a table hash to one id with a probability of about
+  ``n * n / 2**65`` for ``n`` rows (2 in a million for the 8.7 million rows of TPC-H at
+  scale factor 1).
+* **Foreign keys** are ``ref`` attributes: a column (or several) naming another table's key
+  holds that row's entity id, computed by the same hash, so ``[?l :lineitem/l_orderkey
+  ?o] [?o :orders/o_orderdate ?d]`` joins a line item to its order. A reference over
+  several columns (``lineitem(partkey, suppkey)`` to ``partsupp``) is an attribute of its
+  own, named in :attr:`Table.references`. The key columns themselves stay attributes with
+  their values (``:orders/o_orderkey``), for queries that show or compare them.
+
+``benchmarks/tpch/schema.py`` maps the eight TPC-H tables this way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import reduce
+from typing import TYPE_CHECKING, Mapping, Sequence
+
+import pandas as pd
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from factflow.errors import LoadError, SchemaError
+from factflow.io.load import LoadReport
+from factflow.model.frames import spark_frame
+
+if TYPE_CHECKING:  # pragma: no cover
+    from factflow.engine.engine import Engine
+
+__all__ = ["Reference", "Table", "entity_id", "table_attributes", "create_table", "load_table"]
+
+_INTEGRAL = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
+_ENTITY = "__entity"
+
+
+@dataclass(frozen=True)
+class Reference:
+    """A foreign key: ``columns`` of this table hold the key of a row of ``table`` (in the
+    order of that table's key)."""
+
+    table: str
+    columns: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Table:
+    """How a relational table becomes facts (see the module docstring).
+
+    ``name`` is the attributes' namespace; ``key`` the primary key's columns; ``references``
+    maps attribute names (without namespace) to foreign keys: a one-column reference named
+    after its column makes that column a ``ref`` attribute, any other name adds a ``ref``
+    attribute over the reference's columns; ``columns`` restricts the table to those columns
+    (default: all); ``types`` overrides a column's value type."""
+
+    name: str
+    key: tuple[str, ...]
+    references: Mapping[str, Reference] = field(default_factory=dict)
+    columns: tuple[str, ...] | None = None
+    types: Mapping[str, str] = field(default_factory=dict)
+
+    def attribute(self, column: str) -> str:
+        """The attribute of ``column`` (or of a reference): ``:<table>/<column>``."""
+        return f":{self.name}/{column}"
+
+
+def entity_id(table: str, columns: Sequence[Column]) -> Column:
+    """The entity id of the row of ``table`` whose key has the values ``columns`` (a Spark
+    column: ``xxhash64`` of the table's name and the key, see the module docstring); NULL
+    when a part of the key is."""
+    missing = reduce(lambda a, b: a | b, (c.isNull() for c in columns))
+    return F.when(~missing, F.xxhash64(F.lit(table), *columns))
+
+
+def _key_part(frame: DataFrame, column: str) -> Column:
+    """A key column as it is hashed: integers as BIGINT, anything else as text."""
+    if isinstance(frame.schema[column].dataType, _INTEGRAL):
+        return F.col(column).cast("long")
+    return F.col(column).cast("string")
+
+
+def _value_type(data_type: T.DataType, where: str) -> str:
+    if isinstance(data_type, _INTEGRAL):
+        return "long"
+    if isinstance(data_type, (T.FloatType, T.DoubleType, T.DecimalType)):
+        return "double"
+    if isinstance(data_type, (T.StringType, T.CharType, T.VarcharType)):
+        return "string"
+    if isinstance(data_type, (T.DateType, T.TimestampType, T.TimestampNTZType)):
+        return "instant"
+    if isinstance(data_type, T.BooleanType):
+        return "boolean"
+    raise SchemaError(f"{where}: no attribute type holds Spark's {data_type.simpleString()}; "
+                      "leave the column out (Table.columns) or give its type (Table.types)")
+
+
+def _columns(table: Table, schema: T.StructType) -> list[str]:
+    names = list(table.columns) if table.columns is not None else schema.names
+    wanted = set(names) | set(table.key) | {c for r in table.references.values() for c in r.columns}
+    missing = sorted(wanted - set(schema.names))
+    if missing:
+        raise LoadError(f"table {table.name}: no column {', '.join(map(repr, missing))} "
+                        f"(columns: {', '.join(schema.names)})")
+    return names
+
+
+def table_attributes(table: Table, schema: T.StructType) -> dict[str, str]:
+    """The attributes of ``table`` for rows of Spark schema ``schema``: ``{name: value type}``."""
+    out = {}
+    for column in _columns(table, schema):
+        reference = table.references.get(column)
+        if reference is not None and reference.columns == (column,):
+            out[table.attribute(column)] = "ref"
+        else:
+            out[table.attribute(column)] = table.types.get(column) or _value_type(
+                schema[column].dataType, f"table {table.name}, column {column!r}")
+    for name, reference in table.references.items():
+        if reference.columns != (name,):
+            out[table.attribute(name)] = "ref"
+    return out
+
+
+def create_table(db: "Engine", table: Table, schema: T.StructType) -> dict[str, str]:
+    """Create the attributes of ``table`` (those that exist already are kept when their type
+    matches: a SchemaError names one that does not); returns them as :func:`table_attributes`."""
+    attributes = table_attributes(table, schema)
+    for name, value_type in attributes.items():
+        if name in db.schema:
+            existing = db.schema.get(name)
+            if existing.value_type != value_type:
+                raise SchemaError(f"table {table.name}: attribute {name} exists with type {existing.value_type}, "
+                                  f"the table needs {value_type}")
+            continue
+        db.create_attribute(name, type=value_type, semantics="one")
+    return attributes
+
+
+def load_table(db: "Engine", source: str | Sequence[str] | DataFrame | pd.DataFrame, table: Table,
+               format: str = "parquet", options: Mapping[str, str] | None = None, added: bool = True) -> LoadReport:
+    """Apply the rows of ``source`` (files read with Spark's ``format`` reader, a Spark
+    DataFrame or a pandas frame) as facts of ``table`` in one epoch, through
+    :meth:`Engine.load`; its attributes are created first when missing
+    (:func:`create_table`). ``added=False`` retracts the rows' facts."""
+    spark = db.spark
+    if isinstance(source, pd.DataFrame):
+        frame = spark_frame(spark, source)
+    elif isinstance(source, DataFrame):
+        frame = source
+    else:
+        frame = spark.read.format(format).options(**{k: str(v) for k, v in (options or {}).items()}).load(source)
+    create_table(db, table, frame.schema)
+    columns = {}
+    for column in _columns(table, frame.schema):
+        reference = table.references.get(column)
+        if reference is not None and reference.columns == (column,):
+            frame = frame.withColumn(f"__ref_{column}", entity_id(reference.table, [_key_part(frame, column)]))
+            columns[table.attribute(column)] = f"__ref_{column}"
+        else:
+            columns[table.attribute(column)] = column
+    for name, reference in table.references.items():
+        if reference.columns != (name,):
+            parts = [_key_part(frame, c) for c in reference.columns]
+            frame = frame.withColumn(f"__ref_{name}", entity_id(reference.table, parts))
+            columns[table.attribute(name)] = f"__ref_{name}"
+    frame = frame.withColumn(_ENTITY, entity_id(table.name, [_key_part(frame, c) for c in table.key]))
+    return db.load(frame, entity=_ENTITY, attributes=columns, added=added)

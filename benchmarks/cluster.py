@@ -90,8 +90,28 @@ def child(mode: str, epochs: int, settings: dict) -> dict:
             if size == 1:
                 figures["small_epoch_phases_s"] = {k: round(v, 3) for k, v in r.phases.items()}
                 figures["small_epoch_jobs"] = [j.description for j in r.jobs]
+        figures["file_cache"] = file_cache(spark)
     spark.stop()
     return figures
+
+
+def file_cache(spark) -> dict:
+    """Per host, the files and bytes of index files copied to its executors' caches (from
+    an object store; see factflow.storage.cache), read by a task on each executor."""
+    def count(_rows):
+        import os
+        import socket
+
+        from pyspark import SparkFiles
+
+        directory = os.path.join(SparkFiles.getRootDirectory(), "factflow-file-cache")
+        names = os.listdir(directory) if os.path.isdir(directory) else []
+        size = sum(os.path.getsize(os.path.join(directory, n)) for n in names)
+        yield (os.environ.get("SPARK_LOCAL_IP") or socket.gethostname(), len(names), size)
+
+    tasks = max(2, spark.sparkContext.defaultParallelism)
+    seen = spark.sparkContext.parallelize(range(tasks), tasks).mapPartitions(count).collect()
+    return {host: {"files": files, "bytes": size} for host, files, size in sorted(set(seen))}
 
 
 def main() -> None:
@@ -143,6 +163,7 @@ def main() -> None:
             "small_epoch_from_kept_plans": median([r["1"]["from_kept_plans"] for r in runs]),
             "small_epoch_phases_s": runs[-1]["small_epoch_phases_s"],
             "small_epoch_jobs": runs[-1]["small_epoch_jobs"],
+            "file_cache_at_end": runs[-1]["file_cache"],
         }
     for mode in ("shared", "s3"):
         for size in SIZES:

@@ -59,19 +59,27 @@ def describe_session(spark) -> str:
 
 
 def machine_facts(spark) -> dict:
-    """What the figures were measured on."""
+    """What the figures were measured on (``spark`` None: the machine only, for a benchmark
+    whose sessions ran in processes of their own)."""
     java = subprocess.run(["java", "-version"], capture_output=True, text=True).stderr.splitlines()[0]
     try:
         with open("/proc/meminfo") as f:
             mem_kb = int(f.readline().split()[1])
     except OSError:
         mem_kb = 0
-    return {
+    machine = {
         "cpus": os.cpu_count(),
         "memory_gib": round(mem_kb / 2**20, 1),
         "platform": platform.platform(),
         "python": platform.python_version(),
         "java": java,
+    }
+    if spark is None:
+        import pyspark
+
+        return dict(machine, spark=pyspark.__version__)
+    return {
+        **machine,
         "spark": spark.version,
         "master": spark.sparkContext.master,
         "shuffle_partitions": spark.conf.get("spark.sql.shuffle.partitions"),

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import re
 from collections import OrderedDict
+from functools import partial
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
@@ -52,6 +53,7 @@ from factflow import workers
 from factflow.model.types import Kind, spark_type
 from factflow.storage.cache import local_file
 from factflow.storage.location import Location
+from factflow.storage.tasks import files_frame
 
 __all__ = ["KEY_HASH", "PROBE_HASH", "PROBE_PART", "TRACE_DIFF", "hash_sql", "partition_hash_sql", "long_hash",
            "long_partition_hash", "write_index", "read_index",
@@ -150,7 +152,7 @@ class _IndexWriter:
 def read_index_locally(directory: Location, names: Sequence[str], columns: Sequence[str],
                        cache_bytes: int = 4 << 30) -> pa.Table:
     """The ``columns`` of the index files ``names`` of ``directory``, read on the driver."""
-    return pa.concat_tables([_open(directory, name, cache_bytes)[0].select(list(columns)) for name in names])
+    return pa.concat_tables([_columns_of(directory, name, list(columns), cache_bytes) for name in names])
 
 
 def read_index(spark, directory: Location, names: Sequence[str], schema: T.StructType,
@@ -162,25 +164,13 @@ def read_index(spark, directory: Location, names: Sequence[str], schema: T.Struc
     however many epochs made the files, and nothing of it lives only in an executor:
     a task that fails, or whose executor is lost, reads the files again."""
     nullable = T.StructType([T.StructField(f.name, f.dataType, True) for f in schema.fields])
-    return spark.range(0, len(names), 1, max(1, len(names))).mapInArrow(
-        _IndexReader(directory, list(names), schema.fieldNames(), cache_bytes), nullable)
+    return files_frame(spark, directory, names, partial(_columns_of, columns=schema.fieldNames(),
+                                                        cache_bytes=cache_bytes), nullable)
 
 
-class _IndexReader:
-    """The task side of :func:`read_index`: the files whose positions a partition holds."""
-
-    def __init__(self, directory: Location, names: list[str], columns: list[str], cache_bytes: int):
-        self.directory = directory
-        self.names = names
-        self.columns = columns
-        self.cache_bytes = cache_bytes
-
-    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        workers.prepare()
-        for batch in batches:
-            for position in batch.column(0).to_pylist():
-                table, _ = _open(self.directory, self.names[position], self.cache_bytes)
-                yield from table.select(self.columns).to_batches(max_chunksize=1 << 16)
+def _columns_of(directory: Location, name: str, columns: list[str], cache_bytes: int) -> pa.Table:
+    """The ``columns`` of the index file ``name`` (memory-mapped, see :func:`_open`)."""
+    return _open(directory, name, cache_bytes)[0].select(columns)
 
 
 def remove_index(directory: Location) -> None:

@@ -7,7 +7,7 @@ that errors can quote it back to the user.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any, Iterable, Iterator, Union
 
 from factflow.edn import Keyword, write
 
@@ -15,7 +15,7 @@ __all__ = [
     "Var", "Blank", "Const", "Term", "Pattern", "Predicate", "FnCall", "RuleCall", "Not", "Or",
     "Clause", "BindScalar", "BindTuple", "BindColl", "BindRel", "Binding", "FindVar", "Aggregate",
     "PullAttr", "PullWildcard", "PullNested", "PullItem", "PullPattern", "Pull", "FindElement", "FindSpec", "InSource", "InRules", "InBinding", "Input", "Query", "Rule",
-    "term_vars", "clause_vars", "binding_vars", "show",
+    "term_vars", "clause_vars", "binding_vars", "nested", "show",
 ]
 
 
@@ -307,6 +307,18 @@ def binding_vars(binding: Binding) -> list[Var]:
     if isinstance(binding, (BindScalar, BindColl)):
         return [binding.var]
     return [e for e in binding.elements if isinstance(e, Var)]
+
+
+def nested(clauses: Iterable[Clause], negated: bool = False) -> Iterator[tuple[Clause, bool]]:
+    """Every clause of ``clauses`` and, depth first, every clause inside their ``not`` and
+    ``or`` (rule bodies are not entered), each with whether a ``not`` encloses it."""
+    for clause in clauses:
+        yield clause, negated
+        if isinstance(clause, Not):
+            yield from nested(clause.clauses, True)
+        elif isinstance(clause, Or):
+            for branch in clause.branches:
+                yield from nested(branch, negated)
 
 
 def clause_vars(clause: Clause) -> list[Var]:

@@ -16,7 +16,7 @@ from typing import Callable, Iterable, Iterator, Mapping, Sequence
 from factflow import edn
 from factflow.errors import RuleError
 from factflow.lang.ast import (
-    FnCall, Not, Or, Pattern, Predicate, Rule, RuleCall, Var, binding_vars, clause_vars, show, term_vars,
+    FnCall, Or, Pattern, Predicate, Rule, RuleCall, Var, binding_vars, clause_vars, nested, show, term_vars,
 )
 from factflow.lang.parser import parse_rules
 from factflow.text import plural
@@ -41,17 +41,10 @@ def bound_vars(clauses) -> set[Var]:
     return bound
 
 
-def calls(clauses, negated: bool = False) -> Iterator[tuple[RuleCall, bool]]:
+def calls(clauses) -> Iterator[tuple[RuleCall, bool]]:
     """Every rule invocation in ``clauses``, including those nested in not / or, with
     whether a not encloses it."""
-    for c in clauses:
-        if isinstance(c, RuleCall):
-            yield c, negated
-        elif isinstance(c, Not):
-            yield from calls(c.clauses, True)
-        elif isinstance(c, Or):
-            for b in c.branches:
-                yield from calls(b, negated)
+    return ((c, negated) for c, negated in nested(clauses) if isinstance(c, RuleCall))
 
 
 def rule_calls(clauses) -> list[RuleCall]:

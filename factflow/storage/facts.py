@@ -17,6 +17,7 @@ reading the file once). The caller makes the directory's names durable.
 from __future__ import annotations
 
 import zlib
+from functools import partial
 from typing import Iterator, Sequence
 
 import pandas as pd
@@ -29,6 +30,7 @@ from factflow.errors import CorruptStateError
 from factflow.model.types import Kind, sql_type
 from factflow.storage.files import verify_file
 from factflow.storage.location import Location
+from factflow.storage.tasks import files_frame
 from factflow.text import plural
 
 __all__ = ["facts_schema", "from_pandas", "to_ipc", "from_ipc", "write_table", "write_frame", "read_tables", "read_frame",
@@ -162,30 +164,17 @@ def read_tables(location: Location, entries: Sequence[dict], kind: Kind) -> pa.T
     return pa.concat_tables([_conform(t, kind) for t in tables])
 
 
-class _TaskReader:
-    """The task side of :func:`read_frame`: the files whose positions a partition holds."""
-
-    def __init__(self, location: Location, names: list[str], kind: Kind):
-        self.location = location
-        self.names = names
-        self.kind = kind
-
-    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        workers.prepare()
-        for batch in batches:
-            for position in batch.column(0).to_pylist():
-                table = _conform(_read_table(self.location, self.names[position]), self.kind)
-                yield from as_spark_rows(table).to_batches()
+def _read_conformed(location: Location, name: str, kind: Kind) -> pa.Table:
+    """The rows of the Parquet file ``name`` as Spark reads them back (see :func:`read_frame`)."""
+    return as_spark_rows(_conform(_read_table(location, name), kind))
 
 
 def read_frame(spark: SparkSession, location: Location, entries: Sequence[dict], kind: Kind) -> DataFrame:
     """The rows of the files ``entries`` of ``location`` as a Spark DataFrame (typed as the
     engine's traces): a task per file reads it through the same :class:`Location`, so no
     file system connector of Spark's is needed."""
-    names = [e["name"] for e in entries]
-    schema = f"e BIGINT, v {sql_type(kind)}, {DIFF} BIGINT"
-    positions = spark.range(0, len(names), 1, max(1, len(names)))
-    return positions.mapInArrow(_TaskReader(location, names, kind), schema)
+    return files_frame(spark, location, [e["name"] for e in entries], partial(_read_conformed, kind=kind),
+                       f"e BIGINT, v {sql_type(kind)}, {DIFF} BIGINT")
 
 
 def as_spark_rows(table: pa.Table) -> pa.Table:

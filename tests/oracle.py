@@ -7,8 +7,10 @@ the engine, so it checks the engine's planning and execution, not its parsing.
 
 from __future__ import annotations
 
+import calendar
 import datetime as _dt
 import math
+import re
 import statistics
 from collections import Counter, defaultdict
 from typing import Any
@@ -233,6 +235,20 @@ class Oracle:
         """The (set) relation of a rule, evaluating its recursive component (stratum) when needed."""
         if name in self._relations:
             return self._relations[name]
+        body = self.rules[name][0]
+        if body.aggregates:  # one body, never recursive: its distinct bindings, grouped and aggregated
+            bindings = {frozenset(b.items()) for b, _ in self._conjunction(body.body, [({}, 1)])}
+            aggregates = dict(body.aggregates)
+            groups = defaultdict(list)
+            for b in map(dict, bindings):
+                groups[tuple(b[v] for i, v in enumerate(body.head) if i not in aggregates)].append(b)
+            relation = set()
+            for key, members in groups.items():
+                plain = iter(key)
+                relation.add(tuple(_aggregate_fn(aggregates[i].fn, aggregates[i].params, [b[v] for b in members])
+                                   if i in aggregates else next(plain) for i, v in enumerate(body.head)))
+            self._relations[name] = relation
+            return relation
         component = self._component(name)
         state = {n: set() for n in component}
         self._relations.update(state)
@@ -409,8 +425,41 @@ def _predicate(fn, args):
         "zero?": lambda: x == 0, "pos?": lambda: x > 0, "neg?": lambda: x < 0,
         "even?": lambda: x % 2 == 0, "odd?": lambda: x % 2 == 1,
         "starts-with?": lambda: x.startswith(args[1]), "ends-with?": lambda: x.endswith(args[1]),
-        "includes?": lambda: args[1] in x,
+        "includes?": lambda: args[1] in x, "like": lambda: _like(x, args[1]),
     }[fn]()
+
+
+_PREDICATES = {"=", "!=", "not=", "<", "<=", ">", ">=", "zero?", "pos?", "neg?", "even?", "odd?", "starts-with?",
+               "ends-with?", "includes?", "like", "clojure.string/starts-with?", "clojure.string/ends-with?",
+               "clojure.string/includes?"}
+
+
+def _like(text, pattern):
+    """SQL's LIKE: % any run, _ any one character, backslash escapes (written here from the standard)."""
+    out, escaped = [], False
+    for ch in pattern:
+        if escaped:
+            out.append(re.escape(ch))
+            escaped = False
+        elif ch == "\\":
+            escaped = True
+        elif ch == "%":
+            out.append(".*")
+        elif ch == "_":
+            out.append(".")
+        else:
+            out.append(re.escape(ch))
+    return re.fullmatch("".join(out), text, re.DOTALL) is not None
+
+
+def _shift(instant, unit, n):
+    """An instant moved by ``n`` days, months or years; a month or year that lacks the day
+    ends on its last day (as SQL's interval arithmetic does)."""
+    if unit == "days":
+        return instant + _dt.timedelta(days=n)
+    months = instant.month - 1 + n * (12 if unit == "years" else 1)
+    year, month = instant.year + months // 12, months % 12 + 1
+    return instant.replace(year=year, month=month, day=min(instant.day, calendar.monthrange(year, month)[1]))
 
 
 def _long(value):
@@ -419,6 +468,19 @@ def _long(value):
 
 def _function(fn, args):
     fn = {"clojure.string/upper-case": "upper-case", "clojure.string/lower-case": "lower-case"}.get(fn, fn)
+    if fn in _PREDICATES:
+        return _predicate(fn, args)
+    if fn == "if":
+        test, then, otherwise = args
+        value = then if test else otherwise
+        return float(value) if isinstance(then, float) or isinstance(otherwise, float) else value
+    if fn in ("year", "month", "day"):
+        return getattr(args[0], fn)
+    if fn in ("plus-days", "plus-months", "plus-years"):
+        try:
+            return _shift(args[0], fn[len("plus-"):], args[1])
+        except (OverflowError, ValueError):
+            return None
     doubles = any(isinstance(a, float) for a in args)
     if fn in ("+", "*", "-"):
         if fn == "-" and len(args) == 1:

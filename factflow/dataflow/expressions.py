@@ -1,6 +1,11 @@
 """Built-in predicates and functions of the query language, compiled to Spark SQL expressions.
 
-Predicates filter tuples; functions compute a new value. Both are typed at planning time:
+Predicates filter tuples; functions compute a new value. A predicate given a binding
+(``[(< ?a ?b) ?less]``, as Clojure's functions can be) binds ``true`` or ``false``
+instead of filtering. Besides arithmetic and strings there are SQL's string patterns
+(``like``), conditional values (``if``), parts of instants (``year``, ``month``, ``day``)
+and calendar arithmetic on them (``plus-days``, ``plus-months``, ``plus-years``; a month
+added to January 31 gives the last day of February, as SQL does). Both are typed at planning time:
 :func:`check_predicate` and :func:`function_kind` reject ill-typed calls with a message
 naming the clause, so nothing fails later on the data path. A function that cannot
 produce a value for some tuple (division by zero, integer overflow, ``subs`` out of range)
@@ -21,13 +26,19 @@ __all__ = ["PREDICATES", "FUNCTIONS", "canonical_name", "check_predicate", "pred
 _COMPARISONS = {"=", "!=", "not=", "<", "<=", ">", ">="}
 _NUMERIC_PREDICATES = {"zero?", "pos?", "neg?"}
 _INTEGER_PREDICATES = {"even?", "odd?"}
-_STRING_PREDICATES = {"starts-with?", "ends-with?", "includes?"}
+_STRING_PREDICATES = {"starts-with?", "ends-with?", "includes?", "like"}
 PREDICATES = _COMPARISONS | _NUMERIC_PREDICATES | _INTEGER_PREDICATES | _STRING_PREDICATES
 
 _ARITHMETIC = {"+", "-", "*", "/"}
 _INTEGER_FUNCTIONS = {"quot", "rem", "mod"}
 _STRING_FUNCTIONS = {"upper-case", "lower-case", "subs", "count", "str"}
-FUNCTIONS = _ARITHMETIC | _INTEGER_FUNCTIONS | _STRING_FUNCTIONS | {"inc", "dec", "max", "min", "identity"}
+_INSTANT_PARTS = {"year": "year", "month": "month", "day": "dayofmonth"}
+_INSTANT_SHIFTS = {"plus-days": "DAY", "plus-months": "MONTH", "plus-years": "YEAR"}
+#: the largest shift of each unit computed (about 8,000 years): beyond, the result is NULL
+#: rather than an overflow of Spark's microseconds
+_SHIFT_LIMITS = {"DAY": 3_000_000, "MONTH": 100_000, "YEAR": 8_000}
+FUNCTIONS = (_ARITHMETIC | _INTEGER_FUNCTIONS | _STRING_FUNCTIONS | set(_INSTANT_PARTS) | set(_INSTANT_SHIFTS)
+             | {"inc", "dec", "max", "min", "identity", "if"})
 
 _ALIASES = {
     "clojure.string/upper-case": "upper-case",
@@ -104,6 +115,8 @@ def predicate_sql(fn: str, args: Sequence[str]) -> str:
         return f"endswith({x}, {args[1]})"
     if fn == "includes?":
         return f"contains({x}, {args[1]})"
+    if fn == "like":
+        return f"({x} LIKE {args[1]})"
     raise AssertionError(fn)
 
 
@@ -115,10 +128,28 @@ def function_kind(fn: str, kinds: Sequence[Kind], where: str) -> Kind:
     """The kind of value function ``fn`` returns for arguments of ``kinds`` (or QueryError)."""
     fn = canonical_name(fn)
     n = len(kinds)
+    if fn in PREDICATES:  # bound, a predicate yields whether it holds
+        check_predicate(fn, kinds, where)
+        return Kind.BOOLEAN
     if fn not in FUNCTIONS:
-        if fn in PREDICATES:
-            raise QueryError(f"{fn} is a predicate; use it as [({fn} ...)] without a binding: {where}")
-        raise QueryError(f"unknown function {fn} in {where}; known: {', '.join(sorted(FUNCTIONS | {'ground'}))}")
+        raise QueryError(f"unknown function {fn} in {where}; known: "
+                         f"{', '.join(sorted(FUNCTIONS | PREDICATES | {'ground'}))}")
+    if fn == "if":
+        if n != 3 or kinds[0] is not Kind.BOOLEAN:
+            raise QueryError(f"if needs a boolean and two values, (if test then else), in {where}")
+        if kinds[1].numeric and kinds[2].numeric:
+            return Kind.DOUBLE if Kind.DOUBLE in kinds[1:] else Kind.LONG
+        if kinds[1] != kinds[2]:
+            raise QueryError(f"if needs two values of one type, got {kinds[1].value} and {kinds[2].value} in {where}")
+        return kinds[1]
+    if fn in _INSTANT_PARTS:
+        if n != 1 or kinds[0] is not Kind.INSTANT:
+            raise QueryError(f"{fn} needs one instant in {where}")
+        return Kind.LONG
+    if fn in _INSTANT_SHIFTS:
+        if n != 2 or kinds[0] is not Kind.INSTANT or kinds[1] is not Kind.LONG:
+            raise QueryError(f"{fn} needs an instant and a long, ({fn} ?instant n), in {where}")
+        return Kind.INSTANT
     if fn in _ARITHMETIC:
         if fn in ("-", "/") and n == 0:
             raise QueryError(f"{fn} needs at least one argument in {where}")
@@ -163,8 +194,20 @@ def function_kind(fn: str, kinds: Sequence[Kind], where: str) -> Kind:
 def function_sql(fn: str, args: Sequence[str], kinds: Sequence[Kind]) -> str:
     """The SQL expression computing a (type-checked) function; NULL where it has no value."""
     fn = canonical_name(fn)
-    function_kind(fn, kinds, fn)
+    kind = function_kind(fn, kinds, fn)
+    if fn in PREDICATES:
+        return f"({predicate_sql(fn, args)})"
     as_double = any(k is Kind.DOUBLE for k in kinds)
+    if fn == "if":
+        values = [f"CAST({a} AS DOUBLE)" if kind is Kind.DOUBLE else a for a in args[1:]]
+        return f"(CASE WHEN {args[0]} THEN {values[0]} ELSE {values[1]} END)"
+    if fn in _INSTANT_PARTS:
+        return f"CAST({_INSTANT_PARTS[fn]}({args[0]}) AS BIGINT)"
+    if fn in _INSTANT_SHIFTS:
+        unit = _INSTANT_SHIFTS[fn]
+        limit = _SHIFT_LIMITS[unit]
+        return (f"(CASE WHEN {args[1]} BETWEEN -{limit}L AND {limit}L THEN timestampadd({unit}, {args[1]}, {args[0]}) "
+                f"ELSE CAST(NULL AS TIMESTAMP_NTZ) END)")
     if fn in ("+", "*"):
         if not args:
             return literal(0 if fn == "+" else 1, Kind.LONG)

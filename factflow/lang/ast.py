@@ -279,13 +279,18 @@ class Query:
 
 @dataclass(frozen=True)
 class Rule:
-    """One body of a named rule: ``[(name [?required ...] ?free ...) clause ...]``."""
+    """One body of a named rule: ``[(name [?required ...] ?free ...) clause ...]``.
+
+    An *aggregate rule* has aggregates among its head's arguments, ``[(part-cost ?p (min
+    ?c)) ...]``: ``aggregates`` holds them with their positions in the head, whose
+    variable there is the aggregated one (``?c``)."""
 
     name: str
     required: tuple[Var, ...]
     free: tuple[Var, ...]
     body: tuple[Clause, ...]
     form: Any = _form_field()
+    aggregates: tuple[tuple[int, "Aggregate"], ...] = ()
 
     @property
     def head(self) -> tuple[Var, ...]:

@@ -373,13 +373,29 @@ def _rule(form: Any) -> Rule:
     if rest and isinstance(rest[0], EdnVector):
         required = tuple(_var(v, write(head)) for v in rest[0])
         rest = rest[1:]
-    free = tuple(_var(v, write(head)) for v in rest)
+    free_vars: list[Var] = []
+    aggregates: list[tuple[int, Aggregate]] = []
+    for v in rest:
+        if isinstance(v, EdnList):  # an aggregate rule: (count ?x) in the head
+            aggregate = _find_element(v)
+            if not isinstance(aggregate, Aggregate):
+                raise _err(f"rule {name}: only variables and aggregates can be head arguments: {write(head)}", v,
+                           RuleError)
+            aggregates.append((len(required) + len(free_vars), aggregate))
+            free_vars.append(aggregate.var)
+        elif aggregates:
+            raise _err(f"rule {name}: the head lists its aggregates after its variables: {write(head)}", head,
+                       RuleError)
+        else:
+            free_vars.append(_var(v, write(head)))
+    free = tuple(free_vars)
     head_vars = required + free
     if not head_vars:
         raise _err(f"rule {name} has no head variables: {write(head)}", head, RuleError)
-    if len(head_vars) != len(set(head_vars)):
+    plain = [v for i, v in enumerate(head_vars) if i not in dict(aggregates)]
+    if len(plain) != len(set(plain)) or set(plain) & {a.var for _, a in aggregates}:
         raise _err(f"rule {name} repeats a head variable: {write(head)}", head, RuleError)
     if len(form) < 2:
         raise _err(f"rule {name} has an empty body: {write(form)}", form, RuleError)
     body = tuple(_clause(c, f"rule {name}") for c in form[1:])
-    return Rule(name, required, free, body, form)
+    return Rule(name, required, free, body, form, tuple(aggregates))

@@ -18,14 +18,15 @@ from __future__ import annotations
 from typing import Sequence
 
 from factflow.dataflow import expressions as X
+from factflow.dataflow.aggregate import Reduce, aggregate_spec
 from factflow.dataflow.zset import ident, literal
 from factflow.dataflow.nodes import (
     AntiJoin, Arranged, Bind, Filter, Join, Node, Project, Rename, Scan, Stateful, Static, Union,
 )
 from factflow.errors import QueryError
 from factflow.lang.ast import (
-    BindScalar, Blank, Clause, Const, FnCall, Not, Or, Pattern, Predicate, RuleCall, Var, binding_vars, clause_vars,
-    show, term_vars,
+    BindScalar, Blank, Clause, Const, FnCall, Not, Or, Pattern, Predicate, Rule, RuleCall, Var, binding_vars,
+    clause_vars, show, term_vars,
 )
 from factflow.lang.rules import bound_vars, check_arity
 from factflow.model.types import Kind, coerce_value, kind_of_python_value
@@ -427,9 +428,14 @@ def rule_relation(name: str, pc: PlanContext, stack: tuple[str, ...], where: str
 
 def _plan_rule(name: str, component: list[str], pc: PlanContext, stack: tuple[str, ...],
                where: str) -> tuple[Node, list[Kind]]:
+    bodies = pc.bodies(name, where)
+    if any(body.aggregates for body in bodies):
+        if component:
+            raise QueryError(f"rule {name}: an aggregate rule cannot be recursive (it calls itself through "
+                             f"{', '.join(component)})")
+        return _plan_aggregate_rule(name, bodies, pc, stack)
     if component:
         return plan_component(name, component, pc, stack, where)
-    bodies = pc.bodies(name, where)
     columns = [pc.column(f"{name}_{i}") for i in range(len(bodies[0].head))]
     parts: list[Node] = []
     kinds: list[Kind] | None = None
@@ -447,6 +453,42 @@ def _plan_rule(name: str, component: list[str], pc: PlanContext, stack: tuple[st
         parts.append(part)
     union = parts[0] if len(parts) == 1 else Union(parts)
     relation = pc.distinct(union, f"rule {name}")
+    pc.rule_relations[name] = (relation, kinds)
+    return relation, kinds
+
+
+def _plan_aggregate_rule(name: str, bodies: Sequence[Rule], pc: PlanContext,
+                         stack: tuple[str, ...]) -> tuple[Node, list[Kind]]:
+    """The relation of an aggregate rule: its body's distinct bindings (every variable of
+    the body, as SQL aggregates rows, not Datomic's ``:find`` the set of find tuples),
+    grouped by the head's plain variables, each aggregate computed per group (a Reduce,
+    which recomputes only the groups a change touches). The head lists the aggregates
+    after the plain variables (the parser makes sure), the order of Reduce's columns."""
+    if len(bodies) != 1:
+        raise QueryError(f"rule {name}: an aggregate rule has one body, it has {len(bodies)}")
+    body = bodies[0]
+    scope = Scope(pc)
+    node = plan_conjunction(body.body, [], scope, pc, stack + (name,), label=f"rule {show(body)}")
+    for v in body.head:
+        if scope.col(v) not in node.names:
+            raise QueryError(f"rule {name}: head variable {v} is not bound by {show(body)}")
+    columns = [pc.column(f"{name}_{i}") for i in range(len(body.head))]
+    aggregates = dict(body.aggregates)
+    named = {scope.col(v): columns[i] for i, v in enumerate(body.head) if i not in aggregates}
+    bindings = Rename(node, {c: named.get(c, c) for c in node.names})  # plain head variables as the rule's columns
+    specs = []
+    for i, aggregate in body.aggregates:
+        source = scope.col(aggregate.var)
+        spec = aggregate_spec(aggregate.fn, aggregate.params, source, node.kind_of(source), columns[i], show(aggregate))
+        if spec.decode is not None:
+            raise QueryError(f"rule {name}: {aggregate} yields a collection, which a rule cannot hold "
+                             "(use it in :find)")
+        specs.append(spec)
+    group = list(named.values())
+    slot = pc.private_trace(f"rule {name}", tuple((g, bindings.kind_of(g)) for g in group)
+                            + tuple((s.column, s.kind) for s in specs), tuple(group), "intermediate")
+    relation = Reduce(pc.distinct(bindings, f"rule {name} aggregate input"), group, specs, slot)
+    kinds = [k for _, k in relation.columns]
     pc.rule_relations[name] = (relation, kinds)
     return relation, kinds
 

@@ -47,6 +47,12 @@ OPS: dict[str, tuple[tuple[str, Any, bool], ...]] = {
     "explain": (("name", str, True),),
     "status": (),
     "shutdown": (),
+    # read-only views (the console's; see factflow.server.views)
+    "epochs": (("since", int, False), ("limit", int, False)),
+    "queries": (),
+    "plan": (("name", str, True),),
+    "state": (),
+    "clients": (),
 }
 
 

@@ -17,6 +17,11 @@ checked here (the op) and on the command thread (what a transaction writes) befo
 anything runs. When a tenant's last connection closes, the server retracts its parameter
 facts in an epoch of its own (unless a connection of it said ``"keep": true``).
 
+The console (:mod:`factflow.console`): plain HTTP requests on the same port (``GET /``)
+get the console's pages, behind the same token or tenants' tokens; the page is a client
+of the protocol, whose read-only ops it reads (``clients`` is answered here, on the event
+loop: it reads the connections' outboxes).
+
 Stopping (:meth:`Server.stop`, SIGINT/SIGTERM under :func:`serve`): stop accepting, let
 the running command finish (an epoch is never cut short), refuse queued commands, send
 every client what is queued for it, close each connection with 1001 (going away), and
@@ -32,10 +37,14 @@ import itertools
 import logging
 import signal
 import threading
+import time
 from typing import Any, Callable
 
 from websockets.asyncio.server import ServerConnection, serve as ws_serve
 from websockets.exceptions import ConnectionClosed
+from websockets.http11 import Request as HttpRequest, Response
+
+from factflow.console.pages import Pages
 
 from factflow.engine.engine import Engine
 from factflow.errors import FactflowError
@@ -88,6 +97,7 @@ class _Connection:
         self.authenticated = False
         self.keep = False
         self.writer: asyncio.Task | None = None
+        self.since = time.time()
 
     @property
     def loopback(self) -> bool:
@@ -115,7 +125,8 @@ class Server:
         self._stop_requested: asyncio.Event | None = None
         self.interests = Interests(engine, self._push_threadsafe)
         self.worker = Worker(engine, self.interests, self._done_threadsafe, lambda: len(self._connections),
-                             self._tenant_status)
+                             self._tenant_status, lambda: [c.listener for c in list(self._connections.values())])
+        self.pages = Pages(lambda token: self._identify(token)[0], secured=token is not None or tenants is not None)
         self.url: str | None = None
 
     # ------------------------------------------------------------ running
@@ -125,11 +136,13 @@ class Server:
         self._stop_requested = asyncio.Event()
         self.worker.start()
         async with ws_serve(self._serve_connection, self.host, self.port, max_size=self.config.max_frame_bytes,
-                            max_queue=16, logger=logging.getLogger("factflow.server.websockets")) as server:
+                            max_queue=16, logger=logging.getLogger("factflow.server.websockets"),
+                            process_request=self._http) as server:
             port = server.sockets[0].getsockname()[1]
             shown = f"[{self.host}]" if ":" in self.host else self.host
             self.url = f"ws://{shown}:{port}/"
-            log.info("serving %s", self.url)
+            self.pages.bind(port)
+            log.info("serving %s (console: %s)", self.url, self.console_url)
             if ready is not None:
                 ready(self.url)
             await self._stop_requested.wait()
@@ -141,6 +154,11 @@ class Server:
         await asyncio.to_thread(self.interests.release_all)  # the worker and every connection are done
         if self.owns_engine:
             await asyncio.to_thread(self.engine.close)
+
+    @property
+    def console_url(self) -> str | None:
+        """The console's ``http://`` address (None until the server listens)."""
+        return "http" + self.url[2:] if self.url is not None else None
 
     def stop(self) -> None:
         """Ask the server to stop (from any thread)."""
@@ -159,7 +177,7 @@ class Server:
         if self.token is None and self.tenants is None:
             connection.authenticated = True
         else:
-            self._admit(connection, self._bearer(ws))
+            self._admit(connection, self._bearer(ws) or self.pages.session_token(ws.request))
         self._connections[connection.listener.client_id] = connection
         connection.writer = asyncio.create_task(self._write(connection))
         try:
@@ -201,6 +219,9 @@ class Server:
         refusal = self._refusal(connection, request)
         if refusal is not None:
             connection.outbox.reply(reply_error(request.id, "forbidden", refusal))
+            return
+        if request.op == "clients":
+            connection.outbox.reply(reply_ok(request.id, self._clients()))
             return
         if request.op == "shutdown":
             if self.token is None and self.tenants is None and not connection.loopback:
@@ -308,18 +329,42 @@ class Server:
         if not finished.done():
             finished.set_result(None)
 
+    # ------------------------------------------------------------ the console
+    def _http(self, ws: ServerConnection, request: HttpRequest) -> Response | None:
+        """A plain HTTP request gets the console (a WebSocket handshake goes on)."""
+        return None if Pages.is_websocket(request) else self.pages.respond(request)
+
+    def _clients(self) -> dict[str, Any]:
+        """The ``clients`` op: every connection with its tenant, interests, subscriptions and
+        what waits for it (change rows and messages in its outbox, bytes in its socket's buffer)."""
+        clients = []
+        for connection in list(self._connections.values()):
+            listener, tenant = connection.listener, connection.listener.tenant
+            transport = connection.ws.transport
+            address = connection.ws.remote_address
+            clients.append({
+                "client": listener.client_id, "tenant": tenant.name if tenant else None,
+                "role": tenant.role if tenant else None,
+                "address": f"{address[0]}:{address[1]}" if address else None, "since": connection.since,
+                "queries": sorted(listener.queries.copy()), "attributes": sorted(listener.attributes.copy()),
+                "waiting_rows": connection.outbox.waiting_rows, "waiting_messages": len(connection.outbox.pending()),
+                "buffered_bytes": transport.get_write_buffer_size() if transport is not None else 0})
+        return {"epoch": self.engine.epoch, "clients": clients, "tenants": self._tenant_status()}
+
     # ------------------------------------------------------------ tokens and tenants
-    def _admit(self, connection: _Connection, presented: Any) -> None:
-        """Authenticate ``connection`` by the token it presented: the server's token (an admin,
-        when tenants are configured too) or a tenant's."""
+    def _identify(self, presented: Any) -> tuple[bool, Tenant | None]:
+        """Whether a presented token admits a connection, and as which tenant: the server's
+        token (an admin, when tenants are configured too) or a tenant's."""
         if self.token is not None and isinstance(presented, str) and hmac.compare_digest(
                 presented.encode(), self.token.encode()):
-            connection.authenticated = True
-            if self.tenants is not None:
-                connection.listener.tenant = Tenant("token", "admin")
-            return
+            return True, Tenant("token", "admin") if self.tenants is not None else None
         tenant = self.tenants.authenticate(presented) if self.tenants is not None else None
-        if tenant is not None:
+        return tenant is not None, tenant
+
+    def _admit(self, connection: _Connection, presented: Any) -> None:
+        """Authenticate ``connection`` by the token it presented (see :meth:`_identify`)."""
+        admitted, tenant = self._identify(presented)
+        if admitted:
             connection.authenticated = True
             connection.listener.tenant = tenant
 
@@ -363,6 +408,11 @@ class ServerThread:
         """The server's ``ws://`` address."""
         return self.server.url
 
+    @property
+    def console_url(self) -> str:
+        """The console's ``http://`` address."""
+        return self.server.console_url
+
     def start(self) -> "ServerThread":
         """Start and wait until clients can connect."""
         self._thread.start()
@@ -389,7 +439,8 @@ def serve(host: str = "127.0.0.1", port: int = 6262, master: str | None = None, 
           tenants: Tenants | None = None) -> int:
     """Run a server in the foreground until SIGINT/SIGTERM or a ``shutdown`` request; returns 0.
 
-    ``announce`` receives the line ``factflow serving ws://HOST:PORT`` once clients can connect.
+    ``announce`` receives the line ``factflow serving ws://HOST:PORT`` once clients can connect,
+    then ``factflow console http://HOST:PORT/``.
     ``state_dir`` and ``storage_options`` are the engine's (a path or an object store URI);
     ``tenants`` who may connect and what each may do (:mod:`factflow.server.tenants`).
     """
@@ -401,7 +452,11 @@ def serve(host: str = "127.0.0.1", port: int = 6262, master: str | None = None, 
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, server.stop)
-        await server.run(ready=lambda url: announce(f"factflow serving {url.rstrip('/')}"))
+        def ready(url: str) -> None:
+            announce(f"factflow serving {url.rstrip('/')}")
+            announce(f"factflow console {server.console_url}")
+
+        await server.run(ready=ready)
 
     try:
         asyncio.run(main())

@@ -45,7 +45,7 @@ __all__ = ["Tenant", "Tenants", "TenantsFileError", "ROLES", "TENANT_OPS", "tena
 
 ROLES = ("tenant", "admin")
 #: The ops a tenant may send (every other op is forbidden to it).
-TENANT_OPS = frozenset({"hello", "status", "interest", "uninterest", "transact"})
+TENANT_OPS = frozenset({"hello", "status", "queries", "interest", "uninterest", "transact"})
 _LOW, _HIGH = -(2**61), -(2**60)
 _DIGEST = re.compile(r"[0-9a-f]{64}")
 

@@ -33,6 +33,7 @@ from factflow.server.interests import Interests, Listener
 from factflow.server.protocol import PROTOCOL_VERSION, ProtocolError
 from factflow.server.lifting import LIFT_PREFIX, touches_lifted_parameters
 from factflow.server.tenants import check_tenant_transaction
+from factflow.server.views import Views
 
 __all__ = ["Command", "Worker", "LINGER_QUIET", "LINGER_MAX"]
 
@@ -63,12 +64,13 @@ class Worker:
     """Runs commands one at a time (transactions grouped) on a thread of its own."""
 
     def __init__(self, engine: Engine, interests: Interests, done: Done, client_count: Callable[[], int],
-                 tenants: Callable[[], dict[str, dict]] = dict):
+                 tenants: Callable[[], dict[str, dict]] = dict, listeners: Callable[[], list[Listener]] = list):
         self.engine = engine
         self.interests = interests
         self._done = done
         self._client_count = client_count
         self._tenants = tenants
+        self.views = Views(engine, interests, listeners)
         self._queue: deque[Command] = deque()
         self._wake = threading.Condition()
         self._stopping = False
@@ -283,6 +285,18 @@ class Worker:
                 "published": self.interests.published(), "tenants": self._tenants(),
                 "group_commit": {"transactions": self.transactions, "epochs": self.epochs},
                 "stats": self.engine.stats()}
+
+    def _op_epochs(self, listener: Listener, since: int | None = None, limit: int = 200) -> dict:
+        return self.views.epochs(since, limit)
+
+    def _op_queries(self, listener: Listener) -> dict:
+        return self.views.queries(listener)
+
+    def _op_plan(self, listener: Listener, name: str) -> dict:
+        return self.views.plan(name)
+
+    def _op_state(self, listener: Listener) -> dict:
+        return self.views.state()
 
     def _op_release(self, listener: Listener) -> None:
         self.interests.release(listener)

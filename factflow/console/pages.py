@@ -2,8 +2,8 @@
 
 The server hands every HTTP request that is not a WebSocket handshake to :class:`Pages`
 (the ``process_request`` hook of the ``websockets`` library). Without a token configured
-everything is served. With one (or tenants), only the login page and what it needs are
-served to a browser without a session; it presents the token once, as ``Authorization:
+everything is served. With one (or tenants), a browser without a session gets the login
+page for ``/`` and nothing else but what that page needs (every other file: 401); it presents the token once, as ``Authorization:
 Bearer`` on ``GET /login``, and gets a session in an HttpOnly, SameSite=Strict cookie
 named for the server's port. That cookie admits the page's files and, on a WebSocket
 handshake from the same origin, the page's connection (as the token it was opened with:
@@ -88,7 +88,7 @@ class Pages:
         name = "index.html" if path in ("/", "/index.html") else path.removeprefix("/static/")
         admitted = not self.secured or self.session_token(request) is not None
         if path in ("/", "/index.html") and not admitted:
-            return self._file("login.html", http.HTTPStatus.UNAUTHORIZED)
+            return self._file("login.html")
         if name not in self._files or not (path.startswith("/static/") or name == "index.html"):
             return _response(http.HTTPStatus.NOT_FOUND, b"not found\n", _TYPES[".txt"])
         if not admitted and name not in _PUBLIC:
@@ -110,9 +110,9 @@ class Pages:
                          {"Set-Cookie": f"{self.cookie}={session}; Path=/; Max-Age={SESSION_SECONDS}; HttpOnly; "
                                         "SameSite=Strict"})
 
-    def _file(self, name: str, status: http.HTTPStatus = http.HTTPStatus.OK) -> Response:
+    def _file(self, name: str) -> Response:
         suffix = name[name.rfind("."):]
-        return _response(status, self._files[name], _TYPES.get(suffix, "application/octet-stream"))
+        return _response(http.HTTPStatus.OK, self._files[name], _TYPES.get(suffix, "application/octet-stream"))
 
 
 def _load_files() -> dict[str, bytes]:

@@ -10,6 +10,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+# tests/console drive Debian's headless Chromium: as root with apt-get (as CI runs), install
+# it when missing, quietly; elsewhere those tests skip and say why.
+if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
+  if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null 2>&1; then
+    echo "test.sh: installing chromium and chromium-driver (Debian) for the console's browser tests" >&2
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; } \
+      >/dev/null 2>&1 || echo "test.sh: could not install chromium; the console's browser tests will skip" >&2
+  fi
+fi
 if [[ $# -gt 0 ]]; then
   exec .venv/bin/python -m pytest -v --durations=20 "$@"
 fi

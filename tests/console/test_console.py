@@ -158,10 +158,10 @@ def test_the_plan_graph_renders_for_each_join_strategy(server, browser, join):
     assert browser.css(".plan svg path.edge")
     assert browser.css(".plan svg g.node.Join" if join == "binary" else ".plan svg g.node.DeltaJoin")
     assert f"({join})" in browser.text(".plan") or join == "binary"
-    nodes[0].click()
-    assert "operator 0" in browser.text("pre.mono")
     browser.wait(lambda: "1 distinct rows" in browser.text(".columns section:nth-child(2)"), what="the triangle")
     browser.screenshot(f"plan-{join}")
+    nodes[0].click()
+    assert "operator 0" in browser.text("pre.mono")
     assert browser.errors() == []
 
 

@@ -14,6 +14,8 @@ import time
 
 import pytest
 
+import pandas as pd
+
 from factflow import Engine
 from factflow.client import Client
 from factflow.server import ServerThread
@@ -186,4 +188,24 @@ def test_ask_shows_a_table_or_the_error_with_its_item_marked(server, browser):
     browser.wait(lambda: "?z" in browser.text("#ask-error"), what="the unbound variable")
     assert browser.text("#ask-mark") == "[(> ?z 1)]"
     browser.screenshot("ask-error")
+    assert browser.errors() == []
+
+
+def test_a_10000_row_result_is_paged(server, browser):
+    """A large result reaches the page in one diff and is shown a page of 100 rows at a time."""
+    db = server.server.engine
+    db.create_attribute(":big/n", type="long")
+    with Client(server.url, timeout=120) as owner:
+        owner.query("[:find ?e ?n :where [?e :big/n ?n]]", name="big")
+        db.transact(pd.DataFrame({"e": range(10_000, 20_000), "a": ":big/n", "v": range(10_000)}))
+        page(browser, server, "#/query/big")
+        started = time.monotonic()
+        browser.wait(lambda: "10,000 distinct rows" in browser.text("#main"), what="10,000 rows")
+        assert time.monotonic() - started < 5
+        assert browser.driver.execute_script(
+            "return document.querySelector('.columns section:nth-child(2) .table').querySelectorAll('tbody tr').length") \
+            == 100
+        assert "page 1 of 100" in browser.text(".pager")
+        browser.css(".pager button")[1].click()
+        assert "page 2 of 100" in browser.text(".pager")
     assert browser.errors() == []

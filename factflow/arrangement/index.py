@@ -41,7 +41,7 @@ import re
 from collections import OrderedDict
 from functools import partial
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -404,25 +404,35 @@ def _mix(h: np.ndarray, k: np.ndarray) -> np.ndarray:
     return _rotl32(h ^ k, 13) * np.uint32(5) + _M_N
 
 
-def long_partition_hash(columns: Sequence[pa.Array | pa.ChunkedArray]) -> np.ndarray:
-    """Spark's ``hash`` (Murmur3, seed 42) of LONG ``columns`` (what
-    :func:`partition_hash_sql` computes, and hash partitioning uses), vectorized: each
-    non-null value is hashed into the hash so far, its low then its high 32 bits, a null
-    leaves it as it is."""
+def _fold_long_columns(columns: Sequence[pa.Array | pa.ChunkedArray], seed: np.generic,
+                       step: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> np.ndarray:
+    """Spark's way of hashing several columns: starting from ``seed``, each non-null value
+    (as uint64) is hashed into the hash so far by ``step``; a null leaves it as it is."""
     with np.errstate(over="ignore"):
-        h = np.full(len(columns[0]) if columns else 0, 42, dtype=np.uint32)
+        h = np.full(len(columns[0]) if columns else 0, seed, dtype=seed.dtype)
         for column in columns:
             values = pc.fill_null(column, 0).to_numpy().astype(np.int64, copy=False).view(np.uint64)
-            step = _mix(_mix(h, (values & np.uint64(0xFFFFFFFF)).astype(np.uint32)),
-                        (values >> np.uint64(32)).astype(np.uint32))
-            step ^= np.uint32(8)
-            step ^= step >> np.uint32(16)
-            step *= _M_F1
-            step ^= step >> np.uint32(13)
-            step *= _M_F2
-            step ^= step >> np.uint32(16)
-            h = np.where(pc.is_valid(column).to_numpy(zero_copy_only=False), step, h)
-    return h.view(np.int32)
+            h = np.where(pc.is_valid(column).to_numpy(zero_copy_only=False), step(h, values), h)
+    return h
+
+
+def _murmur3_long(h: np.ndarray, values: np.ndarray) -> np.ndarray:
+    step = _mix(_mix(h, (values & np.uint64(0xFFFFFFFF)).astype(np.uint32)),
+                (values >> np.uint64(32)).astype(np.uint32))
+    step ^= np.uint32(8)
+    step ^= step >> np.uint32(16)
+    step *= _M_F1
+    step ^= step >> np.uint32(13)
+    step *= _M_F2
+    step ^= step >> np.uint32(16)
+    return step
+
+
+def long_partition_hash(columns: Sequence[pa.Array | pa.ChunkedArray]) -> np.ndarray:
+    """Spark's ``hash`` (Murmur3, seed 42) of LONG ``columns`` (what
+    :func:`partition_hash_sql` computes, and hash partitioning uses), vectorized, its low
+    then its high 32 bits per value."""
+    return _fold_long_columns(columns, np.uint32(42), _murmur3_long).view(np.int32)
 
 
 # Spark's xxhash64 (seed 42) of LONG columns, the 64-bit arithmetic wrapping in uint64
@@ -435,23 +445,21 @@ def _rotl(x: np.ndarray, bits: int) -> np.ndarray:
     return (x << np.uint64(bits)) | (x >> np.uint64(64 - bits))
 
 
+def _xxhash64_long(h: np.ndarray, values: np.ndarray) -> np.ndarray:
+    step = h + _PRIME5 + np.uint64(8)
+    step ^= _rotl(values * _PRIME2, 31) * _PRIME1
+    step = _rotl(step, 27) * _PRIME1 + _PRIME4
+    step ^= step >> np.uint64(33)
+    step *= _PRIME2
+    step ^= step >> np.uint64(29)
+    step *= _PRIME3
+    step ^= step >> np.uint64(32)
+    return step
+
+
 def long_hash(columns: Sequence[pa.Array | pa.ChunkedArray]) -> np.ndarray:
-    """Spark's ``xxhash64`` of LONG ``columns`` (what :func:`hash_sql` computes), vectorized:
-    each non-null value is hashed into the hash so far, a null leaves it as it is."""
-    with np.errstate(over="ignore"):
-        h = np.full(len(columns[0]) if columns else 0, _SEED, dtype=np.uint64)
-        for column in columns:
-            values = pc.fill_null(column, 0).to_numpy().astype(np.int64, copy=False).view(np.uint64)
-            step = h + _PRIME5 + np.uint64(8)
-            step ^= _rotl(values * _PRIME2, 31) * _PRIME1
-            step = _rotl(step, 27) * _PRIME1 + _PRIME4
-            step ^= step >> np.uint64(33)
-            step *= _PRIME2
-            step ^= step >> np.uint64(29)
-            step *= _PRIME3
-            step ^= step >> np.uint64(32)
-            h = np.where(pc.is_valid(column).to_numpy(zero_copy_only=False), step, h)
-    return h.view(np.int64)
+    """Spark's ``xxhash64`` of LONG ``columns`` (what :func:`hash_sql` computes), vectorized."""
+    return _fold_long_columns(columns, _SEED, _xxhash64_long).view(np.int64)
 
 
 def _kind_of_arrow(t: pa.DataType) -> Kind:

@@ -9,8 +9,9 @@ page). Everything comes from what the engine already holds, with no Spark job an
 pass over rows:
 
 * rows and batches: the counts each batch keeps;
-* driver bytes: pandas' count of a driver batch's columns (numbers at their width,
-  strings by reference: their text is not counted);
+* driver bytes: a driver batch's rows times the width of its columns in pandas (numbers
+  at their width, strings by reference: their text is not counted), as pandas' own
+  ``memory_usage()`` counts them, without asking each frame;
 * Spark memory and disk: Spark's storage status of the checkpointed blocks of stored
   batches (one call for all of them);
 * index bytes: the sizes of stored batches' sorted index files, asked once per file (a
@@ -22,11 +23,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from factflow.arrangement.trace import Trace
+from factflow.model.types import Kind
 
 if TYPE_CHECKING:  # pragma: no cover
     from factflow.engine.state import EngineState
 
 __all__ = ["Holdings"]
+
+#: Bytes per value of a driver batch's column, by kind (pandas' arrays: a string is a reference).
+_WIDTHS = {Kind.LONG: 8, Kind.DOUBLE: 8, Kind.STRING: 8, Kind.BOOLEAN: 1, Kind.INSTANT: 8}
 
 
 class Holdings:
@@ -56,10 +61,11 @@ class Holdings:
                 readers.add(owner)
             elif kind == "rule":
                 readers |= rule_users.get(owner, set())
+            width = sum(_WIDTHS[kind] for _, kind in trace.layout.columns) + 16  # and _t, _diff
             driver = spark_memory = spark_disk = index = 0
             for batch in trace.batches:
                 if batch.is_local:
-                    driver += int(batch.local.memory_usage(index=False).sum())
+                    driver += batch.rows * width
                     continue
                 if batch.owns_stored:
                     memory, disk = blocks.get(_rdd_id(batch.frame), (0, 0))

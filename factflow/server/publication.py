@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from factflow.errors import FactflowError
-from factflow.lang.ast import FindVar, Not, Or, Pattern, Query, RuleCall, Var, show
+from factflow.lang.ast import FindVar, Pattern, Query, RuleCall, Var, nested, show
 from factflow.lang.parser import parse_query
 from factflow.lang.rules import RuleStore
 from factflow.model.schema import Schema
@@ -81,14 +81,9 @@ def _patterns(query: Query, rules: RuleStore) -> Iterable[tuple[Pattern, str | N
     seen: set[str] = set()
 
     def walk(clauses, inside: str | None):
-        for clause in clauses:
+        for clause, _ in nested(clauses):
             if isinstance(clause, Pattern):
                 yield clause, inside
-            elif isinstance(clause, Not):
-                yield from walk(clause.clauses, inside)
-            elif isinstance(clause, Or):
-                for branch in clause.branches:
-                    yield from walk(branch, inside)
             elif isinstance(clause, RuleCall) and clause.name in rules and clause.name not in seen:
                 seen.add(clause.name)
                 for rule in rules.bodies(clause.name):

@@ -8,6 +8,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from typing import Callable, Sequence
 
@@ -111,6 +112,39 @@ def trivial_job_seconds(spark, runs: int = 15) -> float:
     """Median time of a trivial Spark job (collect three rows) on ``spark``."""
     times = [timed(lambda: spark.range(3).toArrow())[0] for _ in range(runs)]
     return median(times[3:])
+
+
+def limited(spark, fn: Callable[[], object], limit: float) -> tuple[float | None, object]:
+    """Run ``fn``; past ``limit`` seconds every Spark job of ``spark`` is cancelled:
+    (seconds, result), or (None, why it has no time: past the limit, or its error)."""
+    done = threading.Event()
+
+    def cancel() -> None:
+        if done.wait(limit):
+            return
+        while not done.is_set():
+            spark.sparkContext.cancelAllJobs()
+            time.sleep(0.5)
+
+    watchdog = threading.Thread(target=cancel, daemon=True)
+    watchdog.start()
+    started = time.perf_counter()
+    try:
+        result = fn()
+        return time.perf_counter() - started, result
+    except Exception as exc:  # noqa: BLE001 - cancelled past the limit, or failed
+        elapsed = time.perf_counter() - started
+        if elapsed >= limit:
+            return None, f"did not finish in {limit:.0f} s"
+        return None, f"failed after {elapsed:.0f} s ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})"
+    finally:
+        done.set()
+        watchdog.join()
+
+
+def jobs_so_far(spark) -> int:
+    """Spark jobs submitted by ``spark`` so far (the scheduler's next job id)."""
+    return spark.sparkContext._jsc.sc().dagScheduler().nextJobId().get()
 
 
 def report(name: str, facts: dict, figures: dict) -> None:

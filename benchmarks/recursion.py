@@ -39,14 +39,13 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import threading
 import time
 from typing import Callable
 
 import pandas as pd
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
-from common import GRAPHS, machine_facts, median, report, session, timed, trivial_job_seconds
+from common import GRAPHS, limited, machine_facts, median, report, session, timed, trivial_job_seconds
 
 from factflow import Engine
 from factflow.io.graphs import edge_facts
@@ -76,38 +75,10 @@ def load(spark, name: str) -> tuple[Engine, pd.DataFrame]:
     return db, pd.read_csv(path, names=["src", "dst"])
 
 
-def limited(db: Engine, fn: Callable[[], object], limit: float) -> tuple[float | None, object]:
-    """Run ``fn``; past ``limit`` seconds its Spark jobs are cancelled: (seconds or None, result or error text)."""
-    sc = db.spark.sparkContext
-    done = threading.Event()
-
-    def cancel() -> None:
-        if done.wait(limit):
-            return
-        while not done.is_set():
-            sc.cancelAllJobs()
-            time.sleep(0.5)
-
-    watchdog = threading.Thread(target=cancel, daemon=True)
-    watchdog.start()
-    started = time.perf_counter()
-    try:
-        result = fn()
-        return time.perf_counter() - started, result
-    except Exception as exc:  # cancelled past the limit, or too large to collect
-        elapsed = time.perf_counter() - started
-        if elapsed >= limit:
-            return None, f"did not finish in {limit:.0f} s"
-        return None, f"failed after {elapsed:.0f} s ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})"
-    finally:
-        done.set()
-        watchdog.join()
-
-
 def full_evaluation(db: Engine, text: str, limit: float) -> dict:
     """Install the bottom-up query: its time, or why it has none; when it finishes, also the
     install time of a second query reading the same rule (shared: its maintained state is read)."""
-    seconds, first = limited(db, lambda: db.query(text, name="full"), limit)
+    seconds, first = limited(db.spark, lambda: db.query(text, name="full"), limit)
     if seconds is None:
         return {"full_evaluation": first}
     again, second = timed(lambda: db.query(text, name="full-again"))
@@ -163,7 +134,7 @@ def goal_directed(db: Engine, edges: pd.DataFrame, query: str, column: str, coun
     installs, updates, jobs, sizes, searches = [], [], [], [], []
     out: dict = {"not_finished": []}
     for x in rng.sample(candidates, count):
-        seconds, q = limited(db, lambda: db.query(query.format(x=x), name="goal"), limit)
+        seconds, q = limited(db.spark, lambda: db.query(query.format(x=x), name="goal"), limit)
         if seconds is None:
             out["not_finished"].append(f"{x}: {q}")
             print(f"  argument {x}: {q}", flush=True)

@@ -80,6 +80,22 @@ def test_plans_that_cannot_run_again_soundly_are_not_kept(spark, binder):
     assert (binder.planned, binder.reused) == (2, 0)
 
 
+def test_kept_plans_hold_no_more_than_their_memory_by_the_length_of_their_text(spark):
+    binder = bound.Binder(spark, memory=100 * bound.PLAN_BYTES_PER_CHARACTER)  # 100 characters of text
+    try:
+        texts = [f"SELECT {n} AS n" for n in range(8)]  # 13 characters each
+        texts.append("SELECT 8 AS n, " + ", ".join(f"{k} AS c{k}" for k in range(20)))  # over 100: never kept
+        with bound.binding(binder):
+            for text in texts:
+                bound.run(spark, text)
+            assert texts[-1] not in binder._plans
+            assert list(binder._plans) == texts[1:8], "the least recently used is dropped to make room"
+            bound.run(spark, texts[7])
+        assert binder.reused == 1
+    finally:
+        binder.close()
+
+
 def test_a_kept_plan_is_dropped_with_a_view_it_reads(spark, binder):
     view = register_view(spark.range(3), prefix="ff_b", lasting=True)
     text = f"SELECT id FROM {view} WHERE id > 0"  # no exchange: kept

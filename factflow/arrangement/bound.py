@@ -23,7 +23,11 @@ output is reused by a second run) or subqueries (their results are computed once
 reading no view but the binder's own and views that outlive epochs (stored batches,
 constant relations: :func:`factflow.arrangement.views.lasting_views`); a kept plan is
 dropped once one of those views is. At most ``capacity`` plans are kept, the least
-recently used dropped first.
+recently used dropped first, and no more than a quarter of the driver's heap by their
+estimated size: a kept plan holds its statement's analyzed, optimized and physical plans,
+about a kilobyte per character of the statement (a small epoch of 22 TPC-H queries plans
+statements of 180,000 characters, whose kept plans held about 150 MB each: 64 of them
+were more than a 2 GiB driver has).
 
 Slots live in the driver's JVM; a task takes its slots' rows with it, written into the
 task when Spark serializes it to launch it (``BoundRows``' partitions), so executors on
@@ -94,12 +98,19 @@ def supported(spark: "SparkSession") -> bool:
     return any(entry.endswith(Path(JAR).name) for entry in shipped if entry)
 
 
-class Binder:
-    """One engine's slots and the plans it keeps; see the module docstring."""
+#: heap a kept plan is taken to hold per character of its statement (see the module docstring)
+PLAN_BYTES_PER_CHARACTER = 1024
 
-    def __init__(self, spark: "SparkSession", capacity: int = 64):
+
+class Binder:
+    """One engine's slots and the plans it keeps; see the module docstring. ``memory``:
+    the bytes kept plans may hold (default: a quarter of the driver's heap)."""
+
+    def __init__(self, spark: "SparkSession", capacity: int = 64, memory: int | None = None):
         self.spark = spark
         self.capacity = capacity
+        self.memory = memory if memory is not None else spark._jvm.java.lang.Runtime.getRuntime().maxMemory() // 4
+        self._kept_characters = 0
         self.planned = 0  # statements planned while active
         self.reused = 0   # statements run from a kept plan
         self._id = next(_BINDERS)
@@ -146,7 +157,7 @@ class Binder:
         """The rows of ``sql`` as Arrow, from the plan kept for this text when there is one."""
         lasting = lasting_views()
         for text in [t for t, (_, views) in self._plans.items() if not views <= lasting]:
-            del self._plans[text]
+            self._forget(text)
         kept = self._plans.get(sql)
         if kept is not None:
             self._plans.move_to_end(sql)
@@ -156,11 +167,18 @@ class Binder:
         table = frame.toArrow()
         self.planned += 1
         views = frozenset(_VIEWS.findall(sql))
-        if views <= lasting and self._reusable(frame):
+        if views <= lasting and len(sql) * PLAN_BYTES_PER_CHARACTER <= self.memory and self._reusable(frame):
             self._plans[sql] = (frame, views)
-            if len(self._plans) > self.capacity:
-                self._plans.popitem(last=False)
+            self._kept_characters += len(sql)
+            while (len(self._plans) > self.capacity
+                   or self._kept_characters * PLAN_BYTES_PER_CHARACTER > self.memory):
+                self._forget(next(iter(self._plans)))
         return table
+
+    def _forget(self, sql: str) -> None:
+        """Drop the plan kept for ``sql``."""
+        del self._plans[sql]
+        self._kept_characters -= len(sql)
 
     def _slot(self, number: int) -> str:
         """The name of this binder's slot ``number``."""
@@ -174,6 +192,7 @@ class Binder:
     def close(self) -> None:
         """Forget the kept plans, release the slots' rows and drop their views."""
         self._plans.clear()
+        self._kept_characters = 0
         self._bound.clear()
         for number in range(1, self._slots + 1):
             self._rows.release(self._slot(number))

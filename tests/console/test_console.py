@@ -99,6 +99,23 @@ def test_plan_state_and_clients(server):
         assert set(owner["queries"]) == {"names", "tri-binary", "tri-delta", "tri-wco"}
 
 
+def test_state_counts_the_bytes_of_batches_stored_in_spark_and_their_index_files(server):
+    db = server.server.engine
+    db.create_attribute(":huge/n", type="long")
+    rows = db.config.local_limit + 1  # one batch too large for the driver
+    db.transact(pd.DataFrame({"e": range(rows), "a": ":huge/n", "v": range(rows)}))
+    with Client(server.url, timeout=120) as c:
+        deadline = time.monotonic() + 60
+        while True:  # its index files are written by the maintenance after the epoch
+            forward = next(a for a in c.request("state")["arrangements"] if a["name"] == ":huge/n forward")
+            if forward["index_bytes"] or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+    assert forward["tuples"] == rows and forward["driver_batches"] < forward["batches"]
+    assert forward["spark_memory_bytes"] + forward["spark_disk_bytes"] > 0 and forward["index_bytes"] > 0
+    assert forward["readers"] == []
+
+
 def test_pages_are_served_over_http_on_the_websocket_port(server):
     status, headers, body = http_get(server.console_url)
     assert status == 200 and headers["Content-Type"].startswith("text/html") and b"console.js" in body

@@ -48,6 +48,8 @@ const fmt = {
     return `${b.toFixed(i ? 1 : 0)} ${units[i]}`;
   },
   value: (v) => (typeof v === "string" ? v : JSON.stringify(v)),
+  // the first few names of a list, and how many there are
+  names: (list) => (list.length > 4 ? list.slice(0, 4).join(", ") + ` … (${list.length})` : list.join(", ")),
 };
 
 function tag(text, kind) {
@@ -229,14 +231,13 @@ class QueriesPage {
     this.filter = "";
     this.queries = [];
     const link = (q) => el("a", {href: `#/query/${encodeURIComponent(q.name)}`}, q.name);
-    const ids = (list) => (list.length > 4 ? list.slice(0, 4).join(", ") + ` … (${list.length})` : list.join(", "));
     this.table = new Table(isTenant() ? [
       {title: "name", value: link},
-      {title: "interested", value: (q) => ids(q.interested)},
+      {title: "interested", value: (q) => fmt.names(q.interested)},
     ] : [
       {title: "name", value: link},
       {title: "clients", value: (q) => q.clients, num: true},
-      {title: "interested", value: (q) => ids(q.interested)},
+      {title: "interested", value: (q) => fmt.names(q.interested)},
       {title: "rows", value: (q) => fmt.num(q.rows), num: true},
       {title: "private state", value: (q) => fmt.num(q.intermediate), num: true},
       {title: "installed", value: (q) => `epoch ${q.installed_at} · ${fmt.time(q.installed_time)}`},
@@ -479,8 +480,8 @@ class ClientsPage {
       {title: "tenant", value: (c) => (c.tenant ? `${c.tenant} (${c.role})` : "")},
       {title: "address", value: (c) => c.address || ""},
       {title: "connected", value: (c) => fmt.time(c.since)},
-      {title: "interests", value: (c) => c.queries.join(", ")},
-      {title: "subscriptions", value: (c) => c.attributes.join(", ")},
+      {title: "interests", value: (c) => fmt.names(c.queries)},
+      {title: "subscriptions", value: (c) => fmt.names(c.attributes)},
       {title: "rows waiting", value: (c) => fmt.num(c.waiting_rows), num: true},
       {title: "messages waiting", value: (c) => fmt.num(c.waiting_messages), num: true},
       {title: "bytes buffered", value: (c) => fmt.bytes(c.buffered_bytes), num: true},

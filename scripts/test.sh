@@ -3,10 +3,11 @@
 # -v names each test as it starts and gives its result as it ends (the differential tests
 # take a few minutes each); --durations lists the slowest at the end.
 #
-# Without arguments it runs the main suite, then tests/cluster (a Spark standalone cluster
-# and an S3 server on this machine) in a second pytest process: PySpark allows one
-# SparkContext per process, and the main suite's is a local one. It fails if either run
-# fails. With arguments it runs one pytest with them, e.g. `bash scripts/test.sh tests/cluster`.
+# Without arguments it runs the main suite, then tests/tpch (TPC-H against DuckDB, on a
+# session with a larger driver) and tests/cluster (a Spark standalone cluster and an S3
+# server on this machine), each in a pytest process of its own: PySpark allows one
+# SparkContext per process. It fails if any run fails. With arguments it runs one pytest
+# with them, e.g. `bash scripts/test.sh tests/cluster`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -24,10 +25,16 @@ if [[ $# -gt 0 ]]; then
 fi
 main=0
 .venv/bin/python -m pytest -v --durations=20 || main=$?
+tpch=0
+.venv/bin/python -m pytest -v --durations=5 tests/tpch || tpch=$?
 cluster=0
 .venv/bin/python -m pytest -v --durations=10 tests/cluster || cluster=$?
 if [[ $main -ne 0 ]]; then
   echo "test.sh: the main suite failed (pytest exit status $main)" >&2
   exit "$main"
+fi
+if [[ $tpch -ne 0 ]]; then
+  echo "test.sh: tests/tpch failed (pytest exit status $tpch)" >&2
+  exit "$tpch"
 fi
 exit "$cluster"

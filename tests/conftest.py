@@ -11,10 +11,11 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
 
-#: tests/cluster runs on a standalone cluster with a SparkSession of its own, and PySpark
-#: allows one SparkContext per process: it runs in a pytest invocation of its own
-#: (``pytest tests/cluster``, which scripts/test.sh runs after the main suite).
-collect_ignore = ["cluster"]
+#: tests/cluster runs on a standalone cluster with a SparkSession of its own, and tests/tpch
+#: on a local session with a larger driver (its conftest says why); PySpark allows one
+#: SparkContext per process, so each runs in a pytest invocation of its own (``pytest
+#: tests/cluster``, ``pytest tests/tpch``, which scripts/test.sh runs after the main suite).
+collect_ignore = ["cluster", "tpch"]
 
 
 @pytest.fixture(scope="session")

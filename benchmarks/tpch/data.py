@@ -14,9 +14,14 @@ from typing import Any
 
 import duckdb
 
-__all__ = ["TABLE_NAMES", "generate", "connect", "answer"]
+__all__ = ["TABLE_NAMES", "STREAM_KEYS", "generate", "connect", "answer", "part_of"]
 
 TABLE_NAMES = ("region", "nation", "supplier", "customer", "part", "partsupp", "orders", "lineitem")
+
+#: The column each table is split by for a round-robin load: its key's first column (a
+#: line item goes with its order)
+STREAM_KEYS = {"region": "r_regionkey", "nation": "n_nationkey", "supplier": "s_suppkey", "customer": "c_custkey",
+               "part": "p_partkey", "partsupp": "ps_partkey", "orders": "o_orderkey", "lineitem": "l_orderkey"}
 
 
 def _extension() -> str:
@@ -41,11 +46,19 @@ def generate(scale_factor: float, directory: str) -> dict[str, str]:
     return paths
 
 
-def connect(paths: dict[str, str]) -> duckdb.DuckDBPyConnection:
-    """A DuckDB connection with a view per table over its Parquet file."""
+def part_of(table: str, parts: int, part: int) -> str:
+    """SQL condition (Spark's and DuckDB's alike) selecting ``table``'s rows of batch
+    ``part`` of ``parts``: a round-robin over the values of its :data:`STREAM_KEYS` column."""
+    return f"{STREAM_KEYS[table]} % {parts} = {part}"
+
+
+def connect(paths: dict[str, str], where: dict[str, str] | None = None) -> duckdb.DuckDBPyConnection:
+    """A DuckDB connection with a view per table over its Parquet file (only the rows of
+    ``where[table]``, a SQL condition, when given)."""
     con = duckdb.connect()
     for table, path in paths.items():
-        con.execute(f"CREATE VIEW {table} AS SELECT * FROM read_parquet('{path}')")
+        condition = f" WHERE {where[table]}" if where and table in where else ""
+        con.execute(f"CREATE VIEW {table} AS SELECT * FROM read_parquet('{path}'){condition}")
     return con
 
 

@@ -23,11 +23,12 @@ output is reused by a second run) or subqueries (their results are computed once
 reading no view but the binder's own and views that outlive epochs (stored batches,
 constant relations: :func:`factflow.arrangement.views.lasting_views`); a kept plan is
 dropped once one of those views is. At most ``capacity`` plans are kept, the least
-recently used dropped first, and no more than a quarter of the driver's heap by their
+recently used dropped first, and no more than an eighth of the driver's heap by their
 estimated size: a kept plan holds its statement's analyzed, optimized and physical plans,
 about a kilobyte per character of the statement (a small epoch of 22 TPC-H queries plans
 statements of 180,000 characters, whose kept plans held about 150 MB each: 64 of them
-were more than a 2 GiB driver has).
+were more than a 2 GiB driver has, and planning the next such statement needs several
+hundred MB while it runs).
 
 Slots live in the driver's JVM; a task takes its slots' rows with it, written into the
 task when Spark serializes it to launch it (``BoundRows``' partitions), so executors on
@@ -104,12 +105,12 @@ PLAN_BYTES_PER_CHARACTER = 1024
 
 class Binder:
     """One engine's slots and the plans it keeps; see the module docstring. ``memory``:
-    the bytes kept plans may hold (default: a quarter of the driver's heap)."""
+    the bytes kept plans may hold (default: an eighth of the driver's heap)."""
 
     def __init__(self, spark: "SparkSession", capacity: int = 64, memory: int | None = None):
         self.spark = spark
         self.capacity = capacity
-        self.memory = memory if memory is not None else spark._jvm.java.lang.Runtime.getRuntime().maxMemory() // 4
+        self.memory = memory if memory is not None else spark._jvm.java.lang.Runtime.getRuntime().maxMemory() // 8
         self._kept_characters = 0
         self.planned = 0  # statements planned while active
         self.reused = 0   # statements run from a kept plan

@@ -244,7 +244,8 @@ class Evaluation:
                 out[key] = (self._local_relation(frame, columns), len(frame))
             else:
                 self.spark.sparkContext.setJobDescription(f"{label}: {key} in Spark")
-                files = self._write(self.spark.sql(cx.statement(f"SELECT * FROM {relation}")))
+                files = self._write(self.spark.sql(cx.statement(f"SELECT * FROM {relation}")),
+                                    spread=expected[key] > self.small_rows)
                 out[key] = (self._relation(files, None, columns), files.rows)
             self._counts[key] = (self._counts.get(key, (0, 0))[1], out[key][1])
         return out
@@ -264,7 +265,7 @@ class Evaluation:
         rows = pd.concat(local, ignore_index=True) if local else None
         if rows is not None and len(rows) > self.fetch_limit:
             self.spark.sparkContext.setJobDescription("recursive rows over the fetch limit, to Spark")
-            written = self._write(spark_frame(self.spark, rows, _schema(columns)))
+            written = self._write(spark_frame(self.spark, rows, _schema(columns)), spread=True)
             together, rows = (FiledRows.concat([together, written]) if together else written), None
         return self._relation(together, rows, columns)
 
@@ -285,13 +286,14 @@ class Evaluation:
                 frames = collector.run(self.spark, cx, self.fetch_limit, label)
         return dict(zip(relations, frames))
 
-    def _write(self, frame: DataFrame) -> FiledRows:
-        """``frame``'s rows kept in Spark, as files of this evaluation (one job): at least a
-        file per shuffle partition, since a statement reads a file per task (a set computed
-        in one partition, from a small relation, would otherwise be read by one task)."""
+    def _write(self, frame: DataFrame, spread: bool) -> FiledRows:
+        """``frame``'s rows kept in Spark, as files of this evaluation (one job); ``spread``:
+        in at least a file per shuffle partition, since a statement reads a file per task
+        (a large set computed in one partition, from a small relation, would otherwise be
+        read by one task)."""
         self._writes += 1
         partitions = int(self.spark.conf.get("spark.sql.shuffle.partitions"))
-        if frame._jdf.queryExecution().executedPlan().outputPartitioning().numPartitions() < partitions:
+        if spread and frame._jdf.queryExecution().executedPlan().outputPartitioning().numPartitions() < partitions:
             frame = frame.repartition(partitions)
         return FiledRows.write(frame, self._directory, str(self._writes))
 

@@ -144,7 +144,7 @@ def limited(spark, fn: Callable[[], object], limit: float) -> tuple[float | None
 
 def jobs_so_far(spark) -> int:
     """Spark jobs submitted by ``spark`` so far (the scheduler's next job id)."""
-    return spark.sparkContext._jsc.sc().dagScheduler().nextJobId().get()
+    return int(spark.sparkContext._jsc.sc().dagScheduler().nextJobId())
 
 
 def report(name: str, facts: dict, figures: dict) -> None:

@@ -545,3 +545,13 @@ def _text(value):
     if isinstance(value, _dt.datetime):
         return value.isoformat()
     return str(value)
+
+
+def define_both(db, oracle: Oracle, schema, rules: str) -> None:
+    """Create ``schema``'s attributes (name, type, semantics) and register ``rules`` on the
+    engine ``db`` and on ``oracle`` alike."""
+    for name, kind, semantics in schema:
+        db.create_attribute(name, type=kind, semantics=semantics)
+        oracle.create_attribute(name, kind, semantics)
+    db.register(rules)
+    oracle.register(rules)

@@ -28,7 +28,7 @@ import random
 import pytest
 
 from factflow import Engine, EngineConfig, TransactionError
-from oracle import Oracle, OracleError, normalized
+from oracle import Oracle, OracleError, define_both, normalized
 
 SEEDS = int(os.environ.get("FACTFLOW_DIFF_SEEDS", "1"))
 STRATEGIES = ("binary", "delta", "wco")
@@ -231,11 +231,7 @@ def run_stream(spark, seed: int, epochs: int, queries, join="binary", max_ops: i
     db = Engine(spark=spark, config=config, **(engine_options or {}))
     oracle = Oracle()
     try:
-        for name, kind, semantics in SCHEMA:
-            db.create_attribute(name, type=kind, semantics=semantics)
-            oracle.create_attribute(name, kind, semantics)
-        db.register(RULES)
-        oracle.register(RULES)
+        define_both(db, oracle, SCHEMA, RULES)
         installed = []
 
         def install_due(position):

@@ -15,7 +15,7 @@ from collections import Counter
 import pytest
 
 from factflow import Engine, QueryError, RuleError
-from oracle import Oracle, normalized
+from oracle import Oracle, define_both, normalized
 
 UTC = dt.timezone.utc
 SCHEMA = [(":o/day", "instant", "one"), (":o/mode", "string", "one"), (":o/price", "double", "one"),
@@ -87,11 +87,7 @@ def _stream(seed: int, epochs: int) -> list[list]:
 def test_relational_functions_and_aggregate_rules_match_the_oracle(spark):
     db, oracle = Engine(spark=spark), Oracle()
     try:
-        for name, kind, semantics in SCHEMA:
-            db.create_attribute(name, type=kind, semantics=semantics)
-            oracle.create_attribute(name, kind, semantics)
-        db.register(RULES)
-        oracle.register(RULES)
+        define_both(db, oracle, SCHEMA, RULES)
         queries = [db.query(text) for text in QUERIES]
         for tx in _stream(7, 4):
             db.transact(tx)

@@ -19,7 +19,7 @@ import pandas as pd
 from factflow import Engine
 from factflow.client import Client
 from factflow.server import ServerThread
-from console_browser import ask, chromium, http_get
+from console_browser import ask, http_get
 
 TRIANGLES = "[:find ?a ?b ?c :where [?a :p/knows ?b] [?b :p/knows ?c] [?a :p/knows ?c]]"
 STRATEGIES = ("binary", "delta", "wco")
@@ -39,12 +39,6 @@ def server(spark):
                 owner.query(TRIANGLES, name=f"tri-{join}", join=join)
             yield running
     db.close()
-
-
-@pytest.fixture(scope="module")
-def browser(server):
-    with chromium() as b:
-        yield b
 
 
 def page(browser, server, hash_: str) -> None:

@@ -19,7 +19,7 @@ from factflow import Engine
 from factflow.client import Client
 from factflow.server import ServerThread
 from factflow.server.tenants import Tenants
-from console_browser import ask, chromium, http_get
+from console_browser import ask, http_get
 
 ADMIN = "admin-secret"
 TOKENS = {"acme": "acme-secret", "globex": "globex-secret"}
@@ -47,12 +47,6 @@ def server(spark, tmp_path_factory):
             running.ids = {"acme": acme.client_id, "globex": globex.client_id}
             yield running
     db.close()
-
-
-@pytest.fixture(scope="module")
-def browser(server):
-    with chromium() as b:
-        yield b
 
 
 def login(server, token: str) -> str:

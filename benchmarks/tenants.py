@@ -138,6 +138,7 @@ def client_process(url: str, strategy: str, schedule: list, stop_at: float, resu
 
 def run_strategy(strategy: str, arrive: int, tail: int, processes: int, per_second: int, warmup: int) -> dict:
     from factflow.client import Client
+    from factflow.errors import RequestTimeoutError
 
     clients = arrive * per_second
     extra = ["--tenants", tenants_file(clients)] if strategy == "tenant-routed" else []
@@ -172,7 +173,13 @@ def run_strategy(strategy: str, arrive: int, tail: int, processes: int, per_seco
                     due = began + second
                     time.sleep(max(0.0, due - time.time()))
                     tx = [[":db/add", d, ":device/speed", rng.randint(0, 120)] for d in range(1, DEVICES + 1)]
-                    epoch = ingest.transact(tx)
+                    try:
+                        epoch = ingest.transact(tx)
+                    except RequestTimeoutError:  # so far behind that no reply came: the strategy stalled
+                        epochs.append({"second": second, "due": due, "epoch": None, "close_s": time.time() - due})
+                        print(f"{strategy}: the ingest's transaction had no reply within its timeout; "
+                              "recorded as stalled", flush=True)
+                        break
                     epochs.append({"second": second, "due": due, "epoch": epoch, "close_s": time.time() - due})
                     second += 1
             gathered = [results.get(timeout=600) for _ in workers]

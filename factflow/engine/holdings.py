@@ -61,7 +61,7 @@ class Holdings:
                 readers.add(owner)
             elif kind == "rule":
                 readers |= rule_users.get(owner, set())
-            width = sum(_WIDTHS[kind] for _, kind in trace.layout.columns) + 16  # and _t, _diff
+            width = sum(_WIDTHS[k] for _, k in trace.layout.columns) + 16  # and _t, _diff
             driver = spark_memory = spark_disk = index = 0
             for batch in trace.batches:
                 if batch.is_local:

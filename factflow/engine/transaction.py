@@ -54,7 +54,7 @@ from factflow.errors import EdnSyntaxError, TransactionError, UnknownAttributeEr
 from factflow.model.frames import in_session
 from factflow.model.schema import Attribute, Schema
 from factflow.dataflow.statement import Statement
-from factflow.model.types import Kind, coerce_value, kind_of_type, python_type_name, spark_type, sql_type, typed_column
+from factflow.model.types import FRACTIONAL_TYPES, Kind, coerce_value, kind_of_type, python_type_name, spark_type, sql_type, typed_column
 from factflow.text import plural
 
 __all__ = ["PreparedTransaction", "WideOps", "WideFrame", "prepare", "read_ops", "read_wide", "combine", "effective_changes", "format_errors", "SLOT", "TX_SCHEMA", "ERR"]
@@ -469,7 +469,7 @@ def _from_spark(tx: DataFrame, schema: Schema, spark: SparkSession, small: bool)
             exprs.append(F.lit(None).cast(target).alias(SLOT[kind]))
             continue
         typed = F.expr(f"try_cast(v AS {target.simpleString()})") if source_type != target else v
-        if kind is Kind.LONG and isinstance(source_type, (T.DoubleType, T.FloatType, T.DecimalType)):
+        if kind is Kind.LONG and isinstance(source_type, FRACTIONAL_TYPES):
             typed = F.when(typed.cast(source_type) == v, typed)
         slots.append(F.when(a_id.isin(ids), typed).cast(target))
         exprs.append(slots[-1].alias(SLOT[kind]))

@@ -40,13 +40,13 @@ from pyspark.sql import types as T
 from factflow.errors import LoadError, SchemaError
 from factflow.io.load import LoadReport
 from factflow.model.frames import spark_frame
+from factflow.model.types import FRACTIONAL_TYPES, INTEGRAL_TYPES
 
 if TYPE_CHECKING:  # pragma: no cover
     from factflow.engine.engine import Engine
 
 __all__ = ["Reference", "Table", "entity_id", "table_attributes", "create_table", "load_table"]
 
-_INTEGRAL = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
 _ENTITY = "__entity"
 
 
@@ -90,15 +90,15 @@ def entity_id(table: str, columns: Sequence[Column]) -> Column:
 
 def _key_part(frame: DataFrame, column: str) -> Column:
     """A key column as it is hashed: integers as BIGINT, anything else as text."""
-    if isinstance(frame.schema[column].dataType, _INTEGRAL):
+    if isinstance(frame.schema[column].dataType, INTEGRAL_TYPES):
         return F.col(column).cast("long")
     return F.col(column).cast("string")
 
 
 def _value_type(data_type: T.DataType, where: str) -> str:
-    if isinstance(data_type, _INTEGRAL):
+    if isinstance(data_type, INTEGRAL_TYPES):
         return "long"
-    if isinstance(data_type, (T.FloatType, T.DoubleType, T.DecimalType)):
+    if isinstance(data_type, FRACTIONAL_TYPES):
         return "double"
     if isinstance(data_type, (T.StringType, T.CharType, T.VarcharType)):
         return "string"

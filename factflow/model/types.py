@@ -18,7 +18,7 @@ from pyspark.sql import Column
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-__all__ = ["Kind", "VALUE_TYPES", "kind_of_type", "spark_type", "sql_type", "coerce_value", "kind_of_python_value",
+__all__ = ["Kind", "VALUE_TYPES", "INTEGRAL_TYPES", "FRACTIONAL_TYPES", "kind_of_type", "spark_type", "sql_type", "coerce_value", "kind_of_python_value",
            "python_type_name", "INT64_MIN", "INT64_MAX", "to_utc_naive", "from_utc_naive", "ident", "typed_column"]
 
 INT64_MIN = -(2**63)
@@ -180,8 +180,9 @@ def _is_edn_name(value: Any) -> bool:
     return isinstance(value, (Keyword, Symbol))
 
 
-_INTEGRAL = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
-_FRACTIONAL = (T.FloatType, T.DoubleType, T.DecimalType)
+#: Spark's integral and fractional number types (a value of the first fits a ``long``)
+INTEGRAL_TYPES = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
+FRACTIONAL_TYPES = (T.FloatType, T.DoubleType, T.DecimalType)
 
 
 def typed_column(column: Column, source: T.DataType, value_type: str) -> Column:
@@ -199,7 +200,7 @@ def typed_column(column: Column, source: T.DataType, value_type: str) -> Column:
     if kind is Kind.INSTANT:
         if isinstance(source, (T.TimestampType, T.TimestampNTZType, T.DateType)):
             return column.cast(target)
-        if isinstance(source, _INTEGRAL):
+        if isinstance(source, INTEGRAL_TYPES):
             return F.timestamp_millis(column).cast(target)
         if isinstance(source, T.StringType):
             text = F.trim(column)
@@ -207,7 +208,7 @@ def typed_column(column: Column, source: T.DataType, value_type: str) -> Column:
                 .otherwise(text.try_cast(target))
         return F.lit(None).cast(target)
     typed = column.try_cast(target)
-    if kind is Kind.LONG and isinstance(source, _FRACTIONAL):
+    if kind is Kind.LONG and isinstance(source, FRACTIONAL_TYPES):
         typed = F.when(typed.cast(source) == column, typed)
     if kind is Kind.DOUBLE:
         typed = F.when(~F.isnan(typed), typed)

@@ -142,6 +142,12 @@ def limited(spark, fn: Callable[[], object], limit: float) -> tuple[float | None
         watchdog.join()
 
 
+def jvm_used_bytes(spark) -> int:
+    """The driver JVM's used heap, in bytes (live objects and garbage not yet collected)."""
+    runtime = spark.sparkContext._jvm.java.lang.Runtime.getRuntime()
+    return runtime.totalMemory() - runtime.freeMemory()
+
+
 def jobs_so_far(spark) -> int:
     """Spark jobs submitted by ``spark`` so far (the scheduler's next job id)."""
     return int(spark.sparkContext._jsc.sc().dagScheduler().nextJobId())

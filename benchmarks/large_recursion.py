@@ -46,7 +46,7 @@ import numpy as np
 import pandas as pd
 from pyspark.sql import functions as F
 
-from common import GRAPHS, describe_session, jobs_so_far, limited, machine_facts, median, report
+from common import GRAPHS, describe_session, jobs_so_far, jvm_used_bytes, limited, machine_facts, median, report
 
 import factflow
 from factflow.io.graphs import edge_facts, read_edges
@@ -65,7 +65,7 @@ class Memory:
     the JVM's used heap (sampled on a thread)."""
 
     def __init__(self, spark, interval: float = 0.2):
-        self._runtime = spark.sparkContext._jvm.java.lang.Runtime.getRuntime()
+        self._spark = spark
         self._pid = spark.sparkContext._gateway.proc.pid
         self.heap_peak = 0
         self._stop = threading.Event()
@@ -75,7 +75,7 @@ class Memory:
     def _sample(self, interval: float) -> None:
         while not self._stop.wait(interval):
             try:
-                used = self._runtime.totalMemory() - self._runtime.freeMemory()
+                used = jvm_used_bytes(self._spark)
             except Exception:  # noqa: BLE001 - the session is stopping
                 return
             self.heap_peak = max(self.heap_peak, used)

@@ -74,8 +74,8 @@ from typing import Sequence
 
 import pandas as pd
 
-from common import ROOT, RESULTS, describe_session, engine_session, machine_facts, median, percentile, report, \
-    trivial_job_seconds
+from common import ROOT, RESULTS, describe_session, engine_session, jvm_used_bytes, machine_facts, median, percentile, \
+    report, trivial_job_seconds
 
 from benchmarks.tpch.data import TABLE_NAMES, answer, connect, generate, part_of
 from benchmarks.tpch.queries import QUERIES, TpchQuery, difference
@@ -144,12 +144,6 @@ def holding_bytes(db: Engine) -> int:
     """The bytes of every trace ``db`` keeps: driver, Spark memory and disk, index files."""
     return sum(e["driver_bytes"] + e["spark_memory_bytes"] + e["spark_disk_bytes"] + e["index_bytes"]
                for e in db.holdings())
-
-
-def jvm_used_bytes(spark) -> int:
-    """The driver JVM's used heap."""
-    runtime = spark.sparkContext._jvm.java.lang.Runtime.getRuntime()
-    return runtime.totalMemory() - runtime.freeMemory()
 
 
 # ------------------------------------------------------------------ the two configurations

@@ -125,15 +125,6 @@ class Reduce(Stateful):
     def _read(self, cx, version):
         return self.state(cx, version)
 
-    def present_as_installed(self, cx) -> None:
-        """For an install evaluation that must not recompute this (already maintained, an
-        aggregate rule's) operator: its current output is the change, its old state empty."""
-        current = cx.define(zset.select(self.handle.read(cx.epoch), self.names))
-        empty = cx.define(zset.empty(self.columns))
-        for what, relation in (("state-old", empty), ("state-new", current), ("read-old", empty),
-                               ("read-new", current), ("delta", current)):
-            cx.set(self, what, relation)
-
     def describe(self):
         aggs = ", ".join(s.sql for s in self.specs)
         return f"Reduce by {', '.join(self.group) or '(all)'}: {aggs} (touched groups only)"

@@ -545,6 +545,22 @@ class Stateful(Node):
         old = self.state(cx, Version.OLD)
         return old if d is None else cx.define(zset.union([old, d], self.names))
 
+    def present_as_installed(self, cx: EpochContext) -> None:
+        """For an install evaluation that must not recompute this (already maintained, a
+        shared rule's) operator: its current state is the change, its old state empty, and
+        downstream reads what that state shows (:meth:`_shown`)."""
+        updates = cx.define(zset.select(self.handle.read(cx.epoch), self.names))
+        empty = cx.define(zset.empty(self.columns))
+        shown = self._shown(cx, updates)
+        for what, relation in (("state-old", empty), ("state-new", updates), ("read-old", empty),
+                               ("read-new", shown), ("delta", shown)):
+            cx.set(self, what, relation)
+
+    def _shown(self, cx: EpochContext, updates: str) -> str:
+        """What downstream reads of the trace's ``updates`` (the updates themselves, unless
+        the operator presents them otherwise)."""
+        return updates
+
     def adopt(self, cx: EpochContext, relation: str) -> None:
         """Use ``relation`` (the materialized pending rows) for everything downstream."""
         cx.set(self, "state", cx.define(zset.select(relation, self.names)))
@@ -661,15 +677,8 @@ class Distinct(Stateful):
         present = self._present(cx, f"({touched})")
         return cx.define(zset.join(frame, [n for n, _ in frame_columns], present, self.names, on))
 
-    def present_as_installed(self, cx: EpochContext) -> None:
-        """For an install evaluation that must not recompute this (already maintained)
-        operator: its current state is the change, its old state empty."""
-        updates = cx.define(zset.select(self.handle.read(cx.epoch), self.names))
-        empty = cx.define(zset.empty(self.columns))
-        present = self._present(cx, updates)
-        for what, relation in (("state-old", empty), ("state-new", updates), ("read-old", empty),
-                               ("read-new", present), ("delta", present)):
-            cx.set(self, what, relation)
+    def _shown(self, cx: EpochContext, updates: str) -> str:
+        return self._present(cx, updates)
 
     def describe(self):
         return f"Distinct (derivation counts in {self.writer.name if self.writer else self.slot.label})"

@@ -305,3 +305,13 @@ def test_recursion_matches_the_oracle_whether_retractions_recompute_or_rederive(
     assert RECURSIVE
     run_stream(spark, 200, epochs=8, queries=RECURSIVE + GOAL_DIRECTED,
                config=EngineConfig(recompute_fraction=fraction))
+
+
+def test_statements_whose_shared_subqueries_are_computed_once_match_the_oracle(spark, monkeypatch):
+    # every WITH entry read more than once is computed once (what very large statements get,
+    # factflow.dataflow.statement), in small and bulk epochs and installs alike; half the
+    # catalogue (a stream costs about a minute with every query: an exchange per entry)
+    import factflow.dataflow.statement as statement
+    monkeypatch.setattr(statement, "INLINED_STATEMENT_CHARACTERS", 0)
+    monkeypatch.setattr(statement, "INLINED_ENTRY_CHARACTERS", 0)
+    run_stream(spark, 7, epochs=5, queries=CATALOG + JOIN_CATALOG, join="auto", part=(0, 2))

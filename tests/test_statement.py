@@ -40,3 +40,33 @@ def test_names_inside_strings_and_quoted_identifiers_are_text():
 
 def test_a_statement_without_names_is_left_as_it_is():
     assert Statement().render("SELECT 1") == "SELECT 1"
+
+
+def _doubling(s: Statement, levels: int, width: int = 100) -> str:
+    """A chain of ``levels`` subqueries, each reading the one before twice: inlined whole,
+    the first is copied 2 ** levels times."""
+    name = s.define(f"SELECT {' + '.join(['1'] * width)} AS `x`, 1L AS `_diff`")
+    for _ in range(levels):
+        name = s.define(f"SELECT l.`x` FROM {name} l JOIN {name} r ON l.`x` = r.`x`")
+    return name
+
+
+def test_entries_are_inlined_while_the_statement_inlined_whole_stays_short():
+    s = Statement()
+    sql = s.render(f"SELECT * FROM {_doubling(s, 3)}")
+    assert "rand()" not in sql
+
+
+def test_entries_whose_inlining_copies_much_text_are_computed_once(monkeypatch):
+    import factflow.dataflow.statement as statement
+    monkeypatch.setattr(statement, "INLINED_STATEMENT_CHARACTERS", 10_000)
+    monkeypatch.setattr(statement, "INLINED_ENTRY_CHARACTERS", 1_000)
+    s = Statement()
+    sql = s.render(f"SELECT * FROM {_doubling(s, 8)}")
+    entries = dict(line.removeprefix("WITH ").rstrip(",").split(" AS ", 1) for line in sql.split("\n")[:-1])
+    once = {name for name, text in entries.items() if text.endswith(" WHERE rand() >= 0)")}
+    # __r8 .. __r5 (65 characters each) are read 2, 4, 8, 16 times: inlined; __r4, read 32
+    # times, would copy 2,015 characters, so it is computed once; then __r3 and __r2 are read
+    # 2 and 4 times, and __r1 (310 characters) 8 times: computed once too
+    assert once == {"__r1", "__r4"}
+    assert entries["__r4"].startswith("(SELECT * FROM (SELECT l.`x` FROM __r3 l JOIN __r3 r")

@@ -15,6 +15,14 @@ _TOKEN = re.compile(r"'(?:[^'\\]|\\.)*'|`(?:[^`]|``)*`|\b(__r\d+)\b")
 _NOT_ALIAS = re.compile(r"\s*(?:$|[),]|(?:AS|ON|WHERE|GROUP|HAVING|ORDER|LIMIT|UNION|EXCEPT|INTERSECT|JOIN|LEFT|"
                         r"RIGHT|INNER|FULL|CROSS|SEMI|ANTI|NATURAL|WINDOW)\b)")
 
+#: a statement longer than this with its ``WITH`` entries inlined has entries computed once
+#: instead: those whose inlining would copy more than ``INLINED_ENTRY_CHARACTERS`` (see :class:`Statement`)
+INLINED_STATEMENT_CHARACTERS = 250_000
+INLINED_ENTRY_CHARACTERS = 2_000
+#: a ``WITH`` entry Spark computes once: a non-deterministic condition (always true) keeps
+#: Spark's optimizer from inlining it where it is read
+_COMPUTED_ONCE = "SELECT * FROM ({}) WHERE rand() >= 0"
+
 
 class Statement:
     """Named subqueries; :meth:`render` writes out the ones a query uses.
@@ -26,6 +34,20 @@ class Statement:
     costs planning time that grows with their number: writing single references in place
     about halved the analysis of a small epoch's statement over five LDBC queries (44
     entries to 9; 0.35-0.44 s to 0.16-0.24 s on the slow day it was measured).
+
+    Inlining copies an entry into every place it is read, and an entry read by entries that
+    are themselves copied is copied as often as all of them together: the statements of a
+    small epoch over the 22 TPC-H queries (130,000-180,000 characters, 3,000-4,000 operators
+    as analysed) grew to 10,000-30,000 operators once optimized, and building and running
+    them took 10-40 s. So when the statement inlined whole would be longer than
+    :data:`INLINED_STATEMENT_CHARACTERS`, each entry whose inlining would copy more than
+    :data:`INLINED_ENTRY_CHARACTERS` gets a condition Spark cannot prove true (``rand() >=
+    0``): Spark then computes it once and reads its output wherever it is used (through an
+    exchange it reuses). That cut those epochs to a third to a half. Smaller statements
+    keep inlining everything: an exchange makes a plan that cannot be kept for later epochs
+    (:mod:`factflow.arrangement.bound`), and computing entries once in the small epochs of
+    five or twenty LDBC queries (at most 130,000 characters inlined) made their 100-change
+    epochs 3-4x slower.
 
     A ``single_partition`` statement (a small epoch's, planned with
     ``EngineConfig.small_conf``, whose local relations are coalesced into one partition
@@ -83,8 +105,35 @@ class Statement:
         body = expand(sql)
         if not shared:
             return body
-        ctes = ",\n".join(f"{name} AS ({expand(self._defs[name])})" for name in shared)
+        texts = {name: expand(self._defs[name]) for name in shared}
+        computed_once = self._computed_once(body, texts, [name for name in reversed(needed) if name in texts])
+        ctes = ",\n".join(f"{name} AS ({_COMPUTED_ONCE.format(texts[name]) if name in computed_once else texts[name]})"
+                           for name in shared)
         return f"WITH {ctes}\n{body}"
+
+    def _computed_once(self, body: str, texts: dict[str, str], parents_first: list[str]) -> set[str]:
+        """The ``WITH`` entries (``texts``, in ``parents_first`` order) that Spark is to compute
+        once rather than inline (see :class:`Statement`): none while the statement with every
+        entry inlined has at most :data:`INLINED_STATEMENT_CHARACTERS`, else each entry whose
+        inlining would copy more than :data:`INLINED_ENTRY_CHARACTERS`."""
+        reads, _ = self._reads(body, texts, parents_first, once_above=None)
+        if len(body) + sum(reads[name] * len(texts[name]) for name in parents_first) <= INLINED_STATEMENT_CHARACTERS:
+            return set()
+        return self._reads(body, texts, parents_first, once_above=INLINED_ENTRY_CHARACTERS)[1]
+
+    def _reads(self, body: str, texts: dict[str, str], parents_first: list[str],
+               once_above: int | None) -> tuple[Counter[str], set[str]]:
+        """How many times Spark reads each entry, and the entries computed once: those whose
+        text times their reads, less one, exceeds ``once_above`` (None: no entry). An entry
+        computed once reads what it refers to once; an inlined one as often as it is read."""
+        reads: Counter[str] = Counter(self._names(body))
+        once: set[str] = set()
+        for name in parents_first:
+            if once_above is not None and (reads[name] - 1) * len(texts[name]) > once_above:
+                once.add(name)
+            for child in self._names(texts[name]):
+                reads[child] += 1 if name in once else reads[name]
+        return reads, once
 
     def _names(self, text: str) -> list[str]:
         """The subquery names ``text`` refers to, once per reference (not inside quotes)."""

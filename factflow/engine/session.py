@@ -89,10 +89,14 @@ _UNIX_SOCKETS = {"spark.python.unix.domain.socket.enabled": "true"} if hasattr(s
 #: Spark 4.1 keeps the sorter of each finished sort in a thread-local of the task thread
 #: that ran it, and a sorter keeps its last page, so a long run held hundreds of MiB of
 #: pages of sorts long finished (and every small sort allocated and zeroed 32 MiB).
+#: Spark's SQL listener keeps the plan graph of its latest executions even without a UI
+#: (1,000 by default); factflow reads none of it, and the graphs of a TPC-H stream's
+#: statements (thousands of operators each) held hundreds of MiB of a 2 GiB heap: it keeps 50.
 DEFAULT_SPARK_CONF = {
     "spark.ui.enabled": "false",
     "spark.driver.maxResultSize": "512m",
     "spark.ui.showConsoleProgress": "false",
+    "spark.sql.ui.retainedExecutions": "50",
     "spark.sql.shuffle.partitions": "4",
     "spark.default.parallelism": "4",
     "spark.sql.execution.arrow.pyspark.enabled": "true",

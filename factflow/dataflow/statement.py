@@ -116,25 +116,29 @@ class Statement:
         once rather than inline (see :class:`Statement`): none while the statement with every
         entry inlined has at most :data:`INLINED_STATEMENT_CHARACTERS`, else each entry whose
         inlining would copy more than :data:`INLINED_ENTRY_CHARACTERS`."""
-        reads, _ = self._reads(body, texts, parents_first, once_above=None)
+        read_by_body = self._names(body)
+        children = {name: self._names(texts[name]) for name in parents_first}
+        reads, _ = _reads(read_by_body, children, texts, once_above=None)
         if len(body) + sum(reads[name] * len(texts[name]) for name in parents_first) <= INLINED_STATEMENT_CHARACTERS:
             return set()
-        return self._reads(body, texts, parents_first, once_above=INLINED_ENTRY_CHARACTERS)[1]
-
-    def _reads(self, body: str, texts: dict[str, str], parents_first: list[str],
-               once_above: int | None) -> tuple[Counter[str], set[str]]:
-        """How many times Spark reads each entry, and the entries computed once: those whose
-        text times their reads, less one, exceeds ``once_above`` (None: no entry). An entry
-        computed once reads what it refers to once; an inlined one as often as it is read."""
-        reads: Counter[str] = Counter(self._names(body))
-        once: set[str] = set()
-        for name in parents_first:
-            if once_above is not None and (reads[name] - 1) * len(texts[name]) > once_above:
-                once.add(name)
-            for child in self._names(texts[name]):
-                reads[child] += 1 if name in once else reads[name]
-        return reads, once
+        return _reads(read_by_body, children, texts, once_above=INLINED_ENTRY_CHARACTERS)[1]
 
     def _names(self, text: str) -> list[str]:
         """The subquery names ``text`` refers to, once per reference (not inside quotes)."""
         return [m.group(1) for m in _TOKEN.finditer(text) if m.group(1) in self._defs]
+
+
+def _reads(read_by_body: list[str], children: dict[str, list[str]], texts: dict[str, str],
+           once_above: int | None) -> tuple[Counter[str], set[str]]:
+    """How many times Spark reads each ``WITH`` entry (``children``: the entries each one
+    reads, parents first), and the entries computed once: those whose text times their
+    reads, less one, exceeds ``once_above`` (None: no entry). An entry computed once reads
+    what it refers to once; an inlined one as often as it is read."""
+    reads: Counter[str] = Counter(read_by_body)
+    once: set[str] = set()
+    for name, read in children.items():
+        if once_above is not None and (reads[name] - 1) * len(texts[name]) > once_above:
+            once.add(name)
+        for child in read:
+            reads[child] += 1 if name in once else reads[name]
+    return reads, once

@@ -18,6 +18,7 @@ import pytest
 from factflow import Engine, EngineConfig, Sink
 from factflow.arrangement.filed import FiledRows
 from factflow.client import Client
+from factflow.engine.evaluation import Evaluation
 from factflow.io.sinks import SinkWriter, read_sink
 from factflow.server import ServerConfig, ServerThread
 from oracle import Oracle, OracleError, normalized
@@ -75,6 +76,26 @@ def test_recursion_over_sets_kept_in_spark_matches_the_oracle(spark, writes, nam
     run_stream(spark, 300 + list(RECURSIVE).index(name), epochs=5, queries=[query, query], config=TINY,
                install_points=[0, 2], transaction=graph_transaction)
     assert any(writes), "no iteration was kept in Spark"
+
+
+def test_an_evaluation_holds_at_most_a_fetch_of_rows_on_the_driver(spark, writes, monkeypatch):
+    # a fixpoint's sets are fetched and concatenated iteration after iteration, and each
+    # relation made stays in the driver's JVM until the evaluation ends: together, not each
+    # fetch alone, they stay within fetch_limit (the rest is kept in Spark)
+    limit = 12
+    held: Counter = Counter()  # per evaluation (kept alive here, so no two share a key)
+    original = Evaluation._local_relation
+
+    def local_relation(self, data, columns):
+        held[self] += len(data)
+        assert held[self] <= limit, f"an evaluation holds {held[self]} rows on the driver"
+        return original(self, data, columns)
+
+    monkeypatch.setattr(Evaluation, "_local_relation", local_relation)
+    run_stream(spark, 320, epochs=5, queries=[RECURSIVE["reach"]], config=EngineConfig(fetch_limit=limit),
+               install_points=[0], transaction=graph_transaction)
+    assert any(writes), "no set was kept in Spark"
+    assert max(held.values()) > 0, "no set was held on the driver"
 
 
 # ---------------------------------------------------------------- change sets in chunks

@@ -113,7 +113,8 @@ def write_index(frame: DataFrame, key: Sequence[str], directory: Location) -> tu
     ``part-<p>-of-<n>.arrow``: a probe of that batch then opens only the files its keys can
     be in (see :meth:`Probe._candidates`). Otherwise it is ``part-<p>.arrow``."""
     directory.makedirs()
-    partitions = frame._jdf.queryExecution().executedPlan().outputPartitioning().numPartitions()
+    # a plan Spark's optimizer proved empty has no partitions (and the hash needs a modulus)
+    partitions = max(frame._jdf.queryExecution().executedPlan().outputPartitioning().numPartitions(), 1)
     hashed = frame.selectExpr("*", f"{hash_sql(key)} AS `{KEY_HASH}`",
                               f"pmod({partition_hash_sql(key)}, {partitions}) AS `{PROBE_PART}`")
     written = hashed.mapInArrow(_IndexWriter(directory, partitions), "name STRING, rows BIGINT").collect()

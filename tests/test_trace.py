@@ -6,6 +6,7 @@ import pandas as pd
 import pytest
 
 from factflow import FactflowError
+from factflow.arrangement import batch as batch_module
 from factflow.arrangement.batch import Batch, Layout
 from factflow.arrangement.trace import MergePolicy, Trace
 from factflow.model.types import Kind
@@ -291,3 +292,20 @@ def test_batches_kept_in_files_read_merge_probe_and_release(spark, tmp_path):
     assert small.is_local and list(small.local["e"]) == [9]
     trace.close()
     assert not [p for p in os.listdir(str(tmp_path)) if os.listdir(os.path.join(str(tmp_path), p))]
+
+
+def _deserialized(batch: Batch) -> bool:
+    return batch.frame._jdf.queryExecution().analyzed().rdd().getStorageLevel().deserialized()
+
+
+def test_large_checkpoints_keep_their_blocks_serialized(spark, monkeypatch):
+    # rows as objects cost a small driver's heap three times what serialized blocks do:
+    # batches expected to be large (a merge of large parts) are checkpointed serialized
+    monkeypatch.setattr(batch_module, "SERIALIZED_ROWS", 3)
+    trace = make(spark, local_limit=0, factor=100)
+    trace.append_frame(spark.createDataFrame(rows((1, "a", 1), (2, "b", 1))), 1)
+    trace.append_frame(spark.createDataFrame(rows((3, "c", 1), (4, "d", 1), (1, "a", -1))), 2)
+    assert [_deserialized(b) for b in trace.batches] == [True, True]  # nothing said they would be large
+    trace.maintain()
+    assert len(trace.batches) == 1 and not _deserialized(trace.batches[0])
+    assert accumulate(spark, trace, 2) == {(2, "b"): 1, (3, "c"): 1, (4, "d"): 1}

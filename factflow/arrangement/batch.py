@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 import pyarrow as pa
+from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
@@ -123,25 +124,54 @@ def local_relation(spark: SparkSession, frame: pd.DataFrame, schema: T.StructTyp
     return view, view
 
 
-def checkpoint(frame: DataFrame) -> tuple[DataFrame, int]:
+#: Checkpoints expected to hold more rows than this keep their blocks serialized.
+SERIALIZED_ROWS = 1_000_000
+
+
+def storage_level(expected_rows: int) -> StorageLevel | None:
+    """How a checkpoint of about ``expected_rows`` rows keeps its blocks (None: Spark's default).
+
+    Spark's default for local checkpoints keeps each row as objects (an ``UnsafeRow`` and
+    its byte array: about 90 bytes for three longs), which the heap's garbage collector
+    must trace; in local mode that heap is the driver's. Ten million such rows (one
+    reachability closure) took 900 MB of a 2 GiB driver and left too little for the rest.
+    Serialized blocks take about a third of that in a few large arrays, and Spark sizes
+    them exactly when it decides what to spill to disk; scanning them costs about three
+    times as long, so only large checkpoints are kept that way."""
+    return StorageLevel.MEMORY_AND_DISK if expected_rows > SERIALIZED_ROWS else None
+
+
+def _local_checkpoint(frame: DataFrame, expected_rows: int, eager: bool = False) -> DataFrame:
+    level = storage_level(expected_rows)
+    return frame.localCheckpoint(eager=eager) if level is None else frame.localCheckpoint(eager, level)
+
+
+def checkpoint(frame: DataFrame, expected_rows: int = 0) -> tuple[DataFrame, int]:
     """Materialize ``frame`` on the executors with its lineage cut; returns it and its row count.
 
     One Spark job: the checkpoint is lazy, and the count materializes it (its blocks are
     stored as the count reads them, and the lineage is cut when the job ends). An eager
     checkpoint followed by a count runs two jobs over the same rows. The rows are counted
     per partition by the job's own tasks (a count of the stored rows' RDD), not by
-    ``DataFrame.count``, which plans an aggregate and a stage of its own above them."""
-    stored = frame.localCheckpoint(eager=False)
+    ``DataFrame.count``, which plans an aggregate and a stage of its own above them.
+    ``expected_rows`` chooses how the blocks are kept (:func:`storage_level`)."""
+    stored = _local_checkpoint(frame, expected_rows)
     return stored, stored._jdf.queryExecution().toRdd().count()
 
 
-def checkpoint_indexed(frame: DataFrame, key: tuple[str, ...],
-                       directory: Location) -> tuple[DataFrame, int, list[str]]:
+def checkpoint_eagerly(frame: DataFrame, expected_rows: int = 0) -> DataFrame:
+    """``frame`` materialized at once with its lineage cut (a frame handed to a user, whose
+    blocks Spark frees when it is garbage collected); see :func:`storage_level`."""
+    return _local_checkpoint(frame, expected_rows, eager=True)
+
+
+def checkpoint_indexed(frame: DataFrame, key: tuple[str, ...], directory: Location,
+                       expected_rows: int = 0) -> tuple[DataFrame, int, list[str]]:
     """:func:`checkpoint` and :func:`~factflow.arrangement.index.write_index` in one Spark
     job: the index files are written from the rows the job stores. Returns the stored
     frame, its row count and the names of its index files; a failed job leaves neither
     blocks nor files behind."""
-    stored = frame.localCheckpoint(eager=False)
+    stored = _local_checkpoint(frame, expected_rows)
     try:
         paths, rows = write_index(stored, key, directory)
     except BaseException:

@@ -431,26 +431,27 @@ class Trace:
                   .groupBy(*names, TIME).agg(F.sum(DIFF).alias(DIFF)).where(F.col(DIFF) != 0))
         self.spark.sparkContext.setJobDescription(f"merge {self.name} [{lower}, {upper})")
         return self.materialize(summed.select(*self.layout.all_names), lower, upper, by_key=True,
-                                index=index), frontier
+                                index=index, expected_rows=sum(p.rows for p in parts)), frontier
 
     def materialize(self, frame: DataFrame, lower: int, upper: int, by_key: bool = False,
-                    index: bool = False) -> Batch:
+                    index: bool = False, expected_rows: int = 0) -> Batch:
         """A batch of ``frame`` (the full layout, with ``_t``): checkpointed, partitioned by
         the key and counted, or moved to the driver when it is small. ``by_key``: ``frame``
         is partitioned by the key already (it consolidates the output of :meth:`by_key`),
         so it is only sorted, not shuffled again. ``index`` (a trace with an index
         directory): the same Spark job writes the batch's index files, which a small result
-        then deletes."""
+        then deletes. ``expected_rows``: about how many rows it will hold, where known (how
+        its blocks are kept, see :func:`~factflow.arrangement.batch.storage_level`)."""
         organized = self.organize(frame, shuffle=not by_key)
         if self.policy.in_files:
             return self._filed(organized, lower, upper)
         written = None
         if index and self.policy.directory is not None:
             directory = self._index_directory()
-            stored, rows, paths = checkpoint_indexed(organized, self.layout.index_key, directory)
+            stored, rows, paths = checkpoint_indexed(organized, self.layout.index_key, directory, expected_rows)
             written = (directory, paths)
         else:
-            stored, rows = checkpoint(organized)
+            stored, rows = checkpoint(organized, expected_rows)
         if rows > self.policy.local_limit:
             return Batch.from_checkpoint(stored, rows, lower, upper, index=written)
         if written is not None:

@@ -398,10 +398,20 @@ class Evaluation:
         checkpoint, its rows and a view of it."""
         frame = self._organized(trace, self.spark.sql(self.cx.statement(f"SELECT * FROM {relation}")))
         self.spark.sparkContext.setJobDescription(label)
-        stored, rows = checkpoint(frame)
+        stored, rows = checkpoint(frame, self._expected_rows(trace))
         view = register_view(stored, prefix="ff_p")
         self._views.append(view)
         return stored, rows, view
+
+    def _expected_rows(self, trace: Trace) -> int:
+        """About how many rows a checkpoint of ``trace``'s changes may hold (how its blocks
+        are kept, see :func:`~factflow.arrangement.batch.storage_level`): an evaluation that
+        kept sets in Spark, or runs a fixpoint holding more than a fetch, may write as many
+        as those sets hold; otherwise the changes of an epoch are taken to be at most what
+        the trace holds."""
+        if self._writes or self._large_state:
+            return max(self.fetch_limit, trace.tuples) + 1
+        return trace.tuples
 
     def _append(self, trace: Trace, stored: DataFrame, rows: int) -> None:
         """Append a checkpointed change to ``trace``; the checkpoint is released when the

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 import pandas as pd
 from pyspark.sql import DataFrame
 
-from factflow.arrangement.batch import DIFF
+from factflow.arrangement.batch import DIFF, checkpoint_eagerly
 from factflow.arrangement.filed import FiledRows, HeldRows
 from factflow.dataflow import zset
 from factflow.dataflow.nodes import OUT, Distinct, Stateful
@@ -211,7 +211,7 @@ class Query:
             frame = self._engine.spark.sql(f"SELECT {', '.join(renamed + [ident(DIFF)])} FROM ({self._current_sql()})")
             if self.dataflow.result.handle.stored:
                 self._engine.spark.sparkContext.setJobDescription(f"frame of {self.name}")
-                frame = frame.localCheckpoint(eager=True)
+                frame = checkpoint_eagerly(frame, self.dataflow.result.handle.tuples)
         return frame
 
     def _current_sql(self, as_of: int | None = None) -> str:
@@ -321,7 +321,7 @@ class Query:
             frame = self._engine.spark.sql(changes_sql(self, start, self._engine.epoch, self._output_columns()))
             if self.dataflow.result.handle.stored:
                 self._engine.spark.sparkContext.setJobDescription(f"changes of {self.name}")
-                frame = frame.localCheckpoint(eager=True)
+                frame = checkpoint_eagerly(frame, self.dataflow.result.handle.tuples)
         return frame
 
     def write_to(self, path: str, format: str = "parquet", mode: str = "diffs") -> SinkWriter:

@@ -58,6 +58,7 @@ Every engine has the default settings, on a session configured as a default
     python benchmarks/tpch_stream.py [--scale 0.01] [--batches 4] [--seed 37] [--updates 2]
     python benchmarks/tpch_stream.py --skip-unshared
     python benchmarks/tpch_stream.py --quick          # smoke run: SF 0.01, 3 batches, 4 queries
+    python benchmarks/tpch_stream.py --load-only [--scale 0.1]   # load throughput alone
 """
 
 from __future__ import annotations
@@ -479,6 +480,7 @@ def main() -> None:
     parser.add_argument("--queries", default=None, help="comma-separated query numbers (default all 22)")
     parser.add_argument("--skip-unshared", action="store_true", help="run the shared configuration only")
     parser.add_argument("--quick", action="store_true", help="smoke run: SF 0.01, 3 batches, queries 1,3,6,14")
+    parser.add_argument("--load-only", action="store_true", help="measure load throughput alone")
     args = parser.parse_args()
     scale = args.scale or 0.01
     batches = args.batches or (3 if args.quick else 4)
@@ -493,6 +495,10 @@ def main() -> None:
           f"session {describe_session(spark)}", flush=True)
     trivial = trivial_job_seconds(spark)
     tables = Tables(spark, paths, batches)
+    if args.load_only:
+        report(f"tpch_load-sf{scale:g}", machine_facts(spark),
+               {"scale": scale, "session": describe_session(spark), "load": load_throughput(spark, tables)})
+        return
     plan = schedule(numbers, batches, random.Random(args.seed))
     con = connect(paths)
     answers = {n: answer(con, QUERIES[n].sql) for n in numbers}

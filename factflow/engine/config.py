@@ -38,7 +38,8 @@ class EngineConfig:
     it fetches. In a small epoch, an operator whose rows exceed its share is checkpointed in
     Spark instead, as in a bulk epoch (``EpochReport.kept_in_spark`` names it); a recursive
     set over its share is kept in Spark as files and the component iterates there (see
-    :meth:`factflow.engine.evaluation.Evaluation.collect`). It is also the most rows a
+    :meth:`factflow.engine.evaluation.Evaluation.collect`). The sets a recursive
+    component holds on the driver, over all its iterations, stay within it together. It is also the most rows a
     subscriber receives in one call: a query's changes in an epoch beyond it come in
     chunks (see :meth:`factflow.Query.subscribe`). The default keeps a fetch well
     within a 2 GiB driver heap (measured in :mod:`factflow.engine.evaluation`).

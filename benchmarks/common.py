@@ -31,8 +31,7 @@ def engine_session(master: str = "local[*]"):
     """A SparkSession configured as the one ``factflow.Engine()`` creates for itself (factflow's
     defaults, driver memory included; only the application name differs), so that figures
     measured with ``Engine(spark=engine_session())`` are those of a default engine.
-    (:func:`session` sets a 6 GB driver; the engine's default depends on the machine, see
-    ``factflow.engine.session.default_driver_memory``.)"""
+    (:func:`session` sets a 6 GB driver where the engine's default is 2 GB.)"""
     return create_session(master, app_name="factflow-bench")
 
 

@@ -49,13 +49,6 @@ def test_what_the_user_configured_is_left_alone(clean_env):
     assert "spark.driver.host" not in session._quiet_conf("local[2]", {}, "ERROR")
 
 
-def test_the_default_driver_heap_is_a_quarter_of_the_machine_within_2_and_8_gib():
-    gib = 2**30
-    assert [session.default_driver_memory(m * gib) for m in (0, 4, 8, 12, 24, 32, 64, 512)] == \
-        ["2g", "2g", "2g", "3g", "6g", "8g", "8g", "8g"]
-    assert session.DEFAULT_SPARK_CONF["spark.driver.memory"] == session.default_driver_memory()
-
-
 def test_a_driver_factflow_starts_exits_when_out_of_memory(spark):
     """Spark's result getter dies of an OutOfMemoryError and leaves its job waiting forever;
     a driver that exits instead fails the waiting call (see factflow.engine.session)."""

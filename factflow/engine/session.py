@@ -44,7 +44,7 @@ from factflow.errors import FactflowError
 log = logging.getLogger("factflow.engine")
 
 __all__ = ["DEFAULT_SPARK_CONF", "REQUIRED_SQL_CONF", "START_UP_SETTINGS", "LOG_LEVEL_VARIABLE", "acquire_session",
-           "check_java", "create_session", "default_driver_memory", "driver_alive", "label_jobs", "missing_start_up_settings",
+           "check_java", "create_session", "driver_alive", "label_jobs", "missing_start_up_settings",
            "release_session", "share_task_class_loader", "warn_of_missing_start_up_settings"]
 
 #: SQL settings every engine applies to its session, given or created. Constraint
@@ -72,44 +72,12 @@ _CLASS_PATH = "spark.driver.extraClassPath"
 #: 85-150 ms against 65-100 ms), and every probe and index write is such a task.
 _UNIX_SOCKETS = {"spark.python.unix.domain.socket.enabled": "true"} if hasattr(socket, "AF_UNIX") else {}
 
-def default_driver_memory(machine_bytes: int | None = None) -> str:
-    """The driver heap an engine-owned session gets: a quarter of the machine's memory (or
-    of the container's limit), at least 2 GiB and at most 8 GiB, in whole GiB.
-
-    In local mode the driver's JVM is also where every task runs: Spark's execution and
-    storage memory are fractions of that heap, and what the engine keeps there besides
-    (plans, broadcasts, driver-held rows) shares the rest. Spark's own default of 1 GiB is
-    for a driver that only coordinates. Maintaining reachability from 1,000 sources over
-    gnp10K (ten million pairs) under edge retractions ran a 2 GiB driver out of heap in
-    its second epoch; on this project's 24 GiB machine the default is 5 GiB."""
-    total = _machine_memory() if machine_bytes is None else machine_bytes
-    gib = 2**30
-    return f"{min(max(total // 4 // gib, 2), 8)}g"
-
-
-def _machine_memory() -> int:
-    """Physical memory in bytes, or the cgroup's memory limit when that is lower (0: unknown)."""
-    try:
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        total = 0
-    for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
-        try:
-            limit = Path(limit_file).read_text().strip()
-        except OSError:
-            continue
-        if limit.isdigit() and (not total or int(limit) < total):
-            total = int(limit)
-    return total
-
-
 #: Settings for an engine-owned session: small shuffles, Arrow transfers, UTC, no UI, and
 #: a driver GC every minute: Spark frees the broadcasts and local relations of finished
 #: statements only once the JVM has collected them, and a recursive epoch issues hundreds
 #: of such statements on a large heap that rarely needs a GC (a long grid150 probe ran out
 #: of driver memory with Spark's default of 30 minutes, and finished with 1 minute).
-#: The driver's heap is chosen from the machine's memory (:func:`default_driver_memory`).
-#: A collect may bring at most 512 MiB to the driver (a quarter of a 2 GiB heap): past that
+#: A collect may bring at most 512 MiB to the driver (a quarter of its heap): past that
 #: Spark fails the job, and the engine keeps the rows in Spark instead. Spark checks this
 #: once a task's result has arrived, so it cannot stop one task result larger than the
 #: heap; the engine bounds its fetches in rows for that (``EngineConfig.fetch_limit``, see
@@ -135,7 +103,7 @@ DEFAULT_SPARK_CONF = {
     "spark.sql.session.timeZone": "UTC",
     "spark.sql.adaptive.enabled": "false",
     "spark.log.structuredLogging.enabled": "false",
-    "spark.driver.memory": default_driver_memory(),
+    "spark.driver.memory": "2g",
     "spark.buffer.pageSize": "2m",
     "spark.cleaner.periodicGC.interval": "1min",
     "spark.sql.autoBroadcastJoinThreshold": str(32 * 1024 * 1024),

@@ -1,11 +1,11 @@
 """TPC-H's tests run in a pytest invocation of their own (``pytest tests/tpch``, which
 scripts/test.sh runs after the main suite), with a session of their own whose driver has
-2 GiB (the least a default engine gets, see ``factflow.engine.session.default_driver_memory``).
+the default 2 GiB.
 
 Their engine maintains the 22 TPC-H queries at once: every small epoch plans Spark
 statements of thousands of operators, and Spark's planning of one such statement holds
 hundreds of MB of the driver's heap while it runs; beside the heap held by the main
-suite's earlier tests it ran a 2 GiB driver out of memory. On its own, a 2 GiB
+suite's earlier tests it ran a 2 GiB driver out of memory. On its own, a default 2 GiB
 driver carries the stream (live heap after GC at most about 520 MiB; docs/benchmarks.md,
 "TPC-H")."""
 
@@ -21,7 +21,7 @@ def spark():
     session = create_session(
         "local[2]",
         app_name="factflow-tests-tpch",
-        conf={"spark.driver.memory": "2g", "spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2"},
+        conf={"spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2"},
     )
     yield session
     session.stop()

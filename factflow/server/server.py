@@ -48,7 +48,6 @@ from factflow.console.pages import Pages
 
 from factflow.engine.engine import Engine
 from factflow.errors import FactflowError
-from factflow.server.handoff import Handoff
 from factflow.server.interests import Interests, Listener
 from factflow.server.outbox import Outbox
 from factflow.server.protocol import PROTOCOL_VERSION, ProtocolError, Request, encode, parse_frame, reply_error, reply_ok
@@ -124,11 +123,9 @@ class Server:
         self._connections: dict[str, _Connection] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop_requested: asyncio.Event | None = None
-        self._handoff = Handoff(self._deliver)
         self.interests = Interests(engine, self._push_threadsafe)
         self.worker = Worker(engine, self.interests, self._done_threadsafe, lambda: len(self._connections),
-                             self._tenant_status, lambda: [c.listener for c in list(self._connections.values())],
-                             after_command=self._handoff.flush)
+                             self._tenant_status, lambda: [c.listener for c in list(self._connections.values())])
         self.pages = Pages(lambda token: self._identify(token)[0], secured=token is not None or tenants is not None)
         self.url: str | None = None
 
@@ -137,7 +134,6 @@ class Server:
         """Serve until :meth:`stop` is called; ``ready(url)`` is called once clients can connect."""
         self._loop = asyncio.get_running_loop()
         self._stop_requested = asyncio.Event()
-        self._handoff.bind(self._loop, self.worker.thread)
         self.worker.start()
         async with ws_serve(self._serve_connection, self.host, self.port, max_size=self.config.max_frame_bytes,
                             max_queue=16, logger=logging.getLogger("factflow.server.websockets"),
@@ -292,9 +288,8 @@ class Server:
     def _push_threadsafe(self, listener: Listener, kind: str, name: str, epoch: int, changes: list,
                          first: bool, paced: bool) -> None:
         if not paced:
-            self._handoff.send("push", listener.client_id, kind, name, epoch, changes, first)
+            self._loop.call_soon_threadsafe(self._push, listener.client_id, kind, name, epoch, changes, first)
             return
-        self._handoff.flush()  # what waits goes first
         wait = self.config.chunk_wait
         pushed = asyncio.run_coroutine_threadsafe(
             self._push_paced(listener.client_id, kind, name, epoch, changes, first, wait), self._loop)
@@ -303,34 +298,11 @@ class Server:
         except Exception:  # noqa: BLE001 - a stopping loop: the client goes with it
             pushed.cancel()
 
-    def _deliver(self, items: list[tuple]) -> None:
-        """Queue handed-over pushes and replies in order (see :mod:`factflow.server.handoff`),
-        then wake the writers: those of connections that got changes only first, then those
-        of connections that got a reply, so that a client told its epoch is done finds every
-        other client's diffs of it already sent."""
-        changed: dict[int, Outbox] = {}
-        replied: dict[int, Outbox] = {}
-        for kind, *fields in items:
-            if kind == "done":
-                outbox = self._done(*fields, wake=False)
-                replied[id(outbox)] = outbox
-            else:
-                outbox = self._push(*fields, wake=False)
-                if outbox is not None:
-                    changed[id(outbox)] = outbox
-        for key, outbox in changed.items():
-            if key not in replied:
-                outbox.wake()
-        for outbox in replied.values():
-            outbox.wake()
-
-    def _push(self, client_id: str, kind: str, name: str, epoch: int, changes: list, first: bool,
-              wake: bool = True) -> Outbox | None:
+    def _push(self, client_id: str, kind: str, name: str, epoch: int, changes: list, first: bool) -> None:
         connection = self._connections.get(client_id)
         if connection is None:
-            return None
-        connection.outbox.changes(kind, name, epoch, changes, always=first, wake=wake)
-        return connection.outbox
+            return
+        connection.outbox.changes(kind, name, epoch, changes, always=first)
 
     async def _push_paced(self, client_id: str, kind: str, name: str, epoch: int, changes: list, first: bool,
                           wait: float) -> None:
@@ -342,22 +314,20 @@ class Server:
 
     def _done_threadsafe(self, command: Command, result: Any, error: ProtocolError | None) -> None:
         if command.context is not None:
-            self._handoff.send("done", command, result, error)
+            self._loop.call_soon_threadsafe(self._done, command, result, error)
 
-    def _done(self, command: Command, result: Any, error: ProtocolError | None, wake: bool = True) -> Outbox:
-        """Queue the reply to ``command`` (waking the writer only with ``wake``); its outbox."""
+    def _done(self, command: Command, result: Any, error: ProtocolError | None) -> None:
         connection, request, finished = command.context
         if error is None:
             if request.op == "interest":  # before any later epoch's diff is pushed
                 connection.outbox.set_granularity(result["name"], request.fields.get("granularity"))
             elif request.op in ("uninterest", "drop"):
                 connection.outbox.forget(request.fields["name"])
-            connection.outbox.reply(reply_ok(request.id, result), wake=wake)
+            connection.outbox.reply(reply_ok(request.id, result))
         else:
-            connection.outbox.reply(reply_error(request.id, error.category, str(error)), wake=wake)
+            connection.outbox.reply(reply_error(request.id, error.category, str(error)))
         if not finished.done():
             finished.set_result(None)
-        return connection.outbox
 
     # ------------------------------------------------------------ the console
     def _http(self, ws: ServerConnection, request: HttpRequest) -> Response | None:

@@ -56,7 +56,23 @@ def test_a_driver_factflow_starts_exits_when_out_of_memory(spark):
     assert session._exit_on_out_of_memory("-Xss4m") == "-Xss4m -XX:+ExitOnOutOfMemoryError"
     assert session._exit_on_out_of_memory("-XX:OnOutOfMemoryError=kill") == "-XX:OnOutOfMemoryError=kill"
     options = spark.sparkContext.getConf().get("spark.driver.extraJavaOptions")
-    assert options.endswith("-XX:+ExitOnOutOfMemoryError") and "log4j2.configurationFile" in options
+    assert "-XX:+ExitOnOutOfMemoryError" in options and "log4j2.configurationFile" in options
+
+
+def test_jvms_that_run_tasks_get_large_heap_regions(spark):
+    """Spark's 2 MiB memory pages must not be G1 humongous objects (see factflow.engine.session)."""
+    assert session._large_heap_regions("") == "-XX:G1HeapRegionSize=8m"
+    assert session._large_heap_regions("-Xss4m") == "-Xss4m -XX:G1HeapRegionSize=8m"
+    assert session._large_heap_regions("-XX:G1HeapRegionSize=4m") == "-XX:G1HeapRegionSize=4m"
+    assert session._large_heap_regions("-XX:+UseParallelGC") == "-XX:+UseParallelGC"
+    assert session._large_heap_regions("-XX:+UseG1GC") == "-XX:+UseG1GC -XX:G1HeapRegionSize=8m"
+    conf = spark.sparkContext.getConf()
+    for key in ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions"):
+        assert "-XX:G1HeapRegionSize=8m" in conf.get(key), key
+    region = spark.sparkContext._jvm.java.lang.management.ManagementFactory.getPlatformMXBean(
+        spark.sparkContext._jvm.com.sun.management.HotSpotDiagnosticMXBean._java_lang_class
+    ).getVMOption("G1HeapRegionSize").getValue()
+    assert region == str(8 * 2**20)
 
 
 def test_a_session_factflow_starts_sorts_in_small_pages_and_bounds_its_parser_cache(engine):

@@ -142,8 +142,7 @@ def storage_level(expected_rows: int) -> StorageLevel | None:
 
 
 def _local_checkpoint(frame: DataFrame, expected_rows: int, eager: bool = False) -> DataFrame:
-    level = storage_level(expected_rows)
-    return frame.localCheckpoint(eager=eager) if level is None else frame.localCheckpoint(eager, level)
+    return frame.localCheckpoint(eager, storage_level(expected_rows))
 
 
 def checkpoint(frame: DataFrame, expected_rows: int = 0) -> tuple[DataFrame, int]:

@@ -39,9 +39,9 @@ class EngineConfig:
     Spark instead, as in a bulk epoch (``EpochReport.kept_in_spark`` names it); a recursive
     set over its share is kept in Spark as files and the component iterates there (see
     :meth:`factflow.engine.evaluation.Evaluation.collect`). The sets a recursive
-    component holds on the driver, over all its iterations, stay within it together. It is also the most rows a
-    subscriber receives in one call: a query's changes in an epoch beyond it come in
-    chunks (see :meth:`factflow.Query.subscribe`). The default keeps a fetch well
+    component holds on the driver, over all its iterations, stay within it together. It
+    is also the most rows a subscriber receives in one call: a query's changes in an
+    epoch beyond it come in chunks (see :meth:`factflow.Query.subscribe`). The default keeps a fetch well
     within a 2 GiB driver heap (measured in :mod:`factflow.engine.evaluation`).
     ``recompute_fraction``: a recursive component whose delete-and-rederive overdeletes more
     than this fraction of the tuples it holds is derived again from scratch instead (see

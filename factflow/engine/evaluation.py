@@ -236,11 +236,10 @@ class Evaluation:
         """
         if not relations:
             return {}
-        budget = self._budget()
-        share = budget // len(relations)
+        share = self._budget() // len(relations)
         expected = {key: self._expected(key) for key in relations}
         fetched = self._fetch_rows(cx, {k: v for k, v in relations.items() if share and expected[k] <= share},
-                                   label, small=max(expected.values()) <= self.small_rows, limit=budget)
+                                   label, small=max(expected.values()) <= self.small_rows)
         out = {}
         for key, (relation, columns) in relations.items():
             frame = fetched.get(key)
@@ -284,17 +283,17 @@ class Evaluation:
         return max(self.fetch_limit - self._held, 0)
 
     def _fetch_rows(self, cx: EpochContext, relations: dict[str, tuple[str, Columns]], label: str,
-                    small: bool, limit: int | None = None) -> dict[str, pd.DataFrame | None]:
+                    small: bool) -> dict[str, pd.DataFrame | None]:
         """Per key, the rows of the relation fetched to the driver with one job, or None
-        when they exceed their share of ``limit`` (by default what remains of the
-        evaluation's budget); as small statements if ``small`` and the evaluation reads no
+        when they exceed their share of what remains of the evaluation's budget
+        (:meth:`_budget`); as small statements if ``small`` and the evaluation reads no
         large sets."""
         if not relations:
             return {}
         collector = Collector()
         for relation, columns in relations.values():
             collector.add(f"(SELECT * FROM {relation})", list(columns) + [(DIFF, Kind.LONG)])
-        limit = self._budget() if limit is None else limit
+        limit = self._budget()
         if not small or self._files or self._large_state:
             frames = collector.run(self.spark, cx, limit, label)
         else:

@@ -455,3 +455,47 @@ def test_durable_interests_survive_clients_and_restarts(spark, tmp_path):
 def test_durable_interests_need_a_state_dir(client):
     reply = client.call("interest", name="kept", query="[:find ?a :where [?a :x/never _]]", durable=True)
     assert not reply["ok"] and reply["error"]["category"] == "unsupported" and "state" in reply["error"]["message"]
+
+
+def test_replies_go_out_before_other_clients_diffs_of_their_epoch(spark):
+    """What the command thread hands over is queued in order, then the writers of replying
+    connections wake first: a writer's own diffs still precede its reply (read your
+    writes), and its reply does not wait for the epoch's diffs to every other client."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from factflow.server.interests import Listener
+    from factflow.server.outbox import Outbox
+    from factflow.server.protocol import Request
+    from factflow.server.server import Server
+    from factflow.server.worker import Command
+
+    sent: list[tuple[str, str]] = []
+
+    async def scenario() -> None:
+        hub = Server(db)
+        names = ("watcher-1", "writer", "watcher-2")
+        hub._connections = {n: SimpleNamespace(outbox=Outbox(100)) for n in names}
+
+        async def write(name: str) -> None:
+            while (message := await hub._connections[name].outbox.next()) is not None:
+                sent.append((name, message.get("type", "reply")))
+
+        writers = [asyncio.create_task(write(n)) for n in names]
+        await asyncio.sleep(0)
+        request = Request("transact", 7, {"tx": []})
+        command = Command("transact", {"tx": []}, Listener("writer"),
+                          (hub._connections["writer"], request, asyncio.get_running_loop().create_future()))
+        hub._deliver([("push", n, "diff", "q", 5, [((1,), 1)], False) for n in names]
+                     + [("done", command, {"epoch": 5}, None)])
+        await asyncio.sleep(0.05)
+        for connection in hub._connections.values():
+            connection.outbox.close()
+        await asyncio.gather(*writers)
+
+    db = Engine(spark=spark)
+    try:
+        asyncio.run(scenario())
+    finally:
+        db.close()
+    assert sent == [("writer", "diff"), ("writer", "reply"), ("watcher-1", "diff"), ("watcher-2", "diff")]

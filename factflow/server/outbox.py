@@ -74,16 +74,18 @@ class Outbox:
         self.closed = False
 
     # ------------------------------------------------------------ producers
-    def reply(self, message: dict) -> None:
-        """Queue a reply (or any message that is never folded)."""
+    def reply(self, message: dict, wake: bool = True) -> None:
+        """Queue a reply (or any message that is never folded); see :meth:`changes` for ``wake``."""
         self._queue.append(message)
-        self._ready.set()
+        if wake:
+            self._ready.set()
 
     def changes(self, kind: str, name: str, epoch: int, changes: list[tuple[tuple, int]],
-                always: bool = False) -> None:
+                always: bool = False, wake: bool = True) -> None:
         """Queue an epoch's changes of a query (``kind`` "diff") or an attribute ("attribute").
 
-        ``always`` sends a message even when ``changes`` is empty (a query's first result).
+        ``always`` sends a message even when ``changes`` is empty (a query's first result);
+        without ``wake`` the writer is not woken until :meth:`wake` is called.
         """
         if self.closed:
             return
@@ -111,6 +113,11 @@ class Outbox:
             self._waiting[key] = item
         self._queue.append(item)
         self._grow(len(item.rows))
+        if wake:
+            self._ready.set()
+
+    def wake(self) -> None:
+        """Wake the writer for what was queued without waking it."""
         self._ready.set()
 
     def set_granularity(self, query: str, seconds: float | None) -> None:

@@ -64,7 +64,8 @@ class Worker:
     """Runs commands one at a time (transactions grouped) on a thread of its own."""
 
     def __init__(self, engine: Engine, interests: Interests, done: Done, client_count: Callable[[], int],
-                 tenants: Callable[[], dict[str, dict]] = dict, listeners: Callable[[], list[Listener]] = list):
+                 tenants: Callable[[], dict[str, dict]] = dict, listeners: Callable[[], list[Listener]] = list,
+                 after_command: Callable[[], None] = lambda: None):
         self.engine = engine
         self.interests = interests
         self._done = done
@@ -74,9 +75,15 @@ class Worker:
         self._queue: deque[Command] = deque()
         self._wake = threading.Condition()
         self._stopping = False
+        self._after_command = after_command
         self._thread = threading.Thread(target=self._run, name="factflow-commands", daemon=True)
         self.transactions = 0  # committed by the command thread (for status)
         self.epochs = 0
+
+    @property
+    def thread(self) -> threading.Thread:
+        """The command thread."""
+        return self._thread
 
     def start(self) -> None:
         """Start taking commands."""
@@ -140,12 +147,15 @@ class Worker:
             taken = self._take()
             if taken is None:
                 return
-            if taken[0].op == "transact":
-                self._transact(taken)
-            elif taken[0].op == "interest":
-                self._admit(taken)
-            else:
-                self._execute(taken[0])
+            try:
+                if taken[0].op == "transact":
+                    self._transact(taken)
+                elif taken[0].op == "interest":
+                    self._admit(taken)
+                else:
+                    self._execute(taken[0])
+            finally:
+                self._after_command()
 
     def _transact(self, commands: list[Command]) -> None:
         transactions = []

@@ -61,7 +61,8 @@ Done = Callable[[Command, Any, ProtocolError | None], None]
 
 
 class Worker:
-    """Runs commands one at a time (transactions grouped) on a thread of its own."""
+    """Runs commands one at a time (transactions grouped) on a thread of its own;
+    ``after_command`` is called on that thread once each command (or group) is done."""
 
     def __init__(self, engine: Engine, interests: Interests, done: Done, client_count: Callable[[], int],
                  tenants: Callable[[], dict[str, dict]] = dict, listeners: Callable[[], list[Listener]] = list,

@@ -293,7 +293,8 @@ def main() -> None:
                                          args.hold)
     picture = os.path.join(ROOT, "docs", "tenants.png")
     plot(results, picture)
-    figures = {"arrive_s": arrive, "hold_s": args.hold, "per_second": args.per_second, "devices": DEVICES, "client_processes": processes,
+    figures = {"arrive_s": arrive, "hold_s": args.hold, "per_second": args.per_second, "devices": DEVICES,
+               "client_processes": processes,
                "strategies": {s: {k: v for k, v in f.items() if k != "epochs"} for s, f in results.items()},
                "plot": os.path.relpath(picture, ROOT), "load_average_end": loadavg()}
     report("tenants" + ("-quick" if args.quick else ""), machine_facts(None), figures)

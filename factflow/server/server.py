@@ -314,21 +314,15 @@ class Server:
         be encoded and sent to every other client (1,200 of them took the event loop about
         0.3 s), which keeps a writer's latency flat however many clients watch; those diffs
         are queued before the reply and sent right after it."""
-        changed: dict[int, Outbox] = {}
-        replied: dict[int, Outbox] = {}
+        replied: dict[Outbox, None] = {}  # insertion-ordered sets
+        changed: dict[Outbox, None] = {}
         for kind, *fields in items:
             if kind == "done":
-                outbox = self._done(*fields, wake=False)
-                replied[id(outbox)] = outbox
-            else:
-                outbox = self._push(*fields, wake=False)
-                if outbox is not None:
-                    changed[id(outbox)] = outbox
-        for outbox in replied.values():
+                replied[self._done(*fields)] = None
+            elif (outbox := self._push(*fields, wake=False)) is not None:
+                changed[outbox] = None
+        for outbox in [*replied, *(o for o in changed if o not in replied)]:
             outbox.wake()
-        for key, outbox in changed.items():
-            if key not in replied:
-                outbox.wake()
 
     def _push(self, client_id: str, kind: str, name: str, epoch: int, changes: list, first: bool,
               wake: bool = True) -> Outbox | None:
@@ -350,17 +344,18 @@ class Server:
         if command.context is not None:
             self._handoff.send("done", command, result, error)
 
-    def _done(self, command: Command, result: Any, error: ProtocolError | None, wake: bool = True) -> Outbox:
-        """Queue the reply to ``command`` (waking the writer only with ``wake``); its outbox."""
+    def _done(self, command: Command, result: Any, error: ProtocolError | None) -> Outbox:
+        """Queue the reply to ``command`` without waking the writer (:meth:`_deliver` does);
+        its outbox."""
         connection, request, finished = command.context
         if error is None:
             if request.op == "interest":  # before any later epoch's diff is pushed
                 connection.outbox.set_granularity(result["name"], request.fields.get("granularity"))
             elif request.op in ("uninterest", "drop"):
                 connection.outbox.forget(request.fields["name"])
-            connection.outbox.reply(reply_ok(request.id, result), wake=wake)
+            connection.outbox.reply(reply_ok(request.id, result), wake=False)
         else:
-            connection.outbox.reply(reply_error(request.id, error.category, str(error)), wake=wake)
+            connection.outbox.reply(reply_error(request.id, error.category, str(error)), wake=False)
         if not finished.done():
             finished.set_result(None)
         return connection.outbox

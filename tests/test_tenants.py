@@ -210,9 +210,11 @@ def test_a_tenant_vanishing_mid_epoch_harms_no_one(server):
         leaving.transact([[":db/add", leaving.entity, ":param.watch/device", 107]])
         leaving._ws.close()  # gone while the next epoch runs
         ops.transact([[":db/add", 107, ":device/speed", s] for s in [3]])
+        deadline = time.monotonic() + 5
+        while watcher.results().get((107, 3)) != 1 and time.monotonic() < deadline:  # sent after ops' reply
+            time.sleep(0.05)
         assert watcher.results().get((107, 3)) == 1
         watched = f"[:find ?d :where [{tenant_entity('acme')} :param.watch/device ?d]]"
-        deadline = time.monotonic() + 5
         while ops.q(watched) and time.monotonic() < deadline:  # its parameters go in an epoch of their own
             time.sleep(0.05)
         assert ops.q(watched) == []

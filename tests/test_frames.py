@@ -12,7 +12,7 @@ from pyspark.sql import types as T
 
 from factflow.arrangement.batch import local_relation
 from factflow.arrangement.views import drop_view
-from factflow.model.frames import INLINE_ROWS, consolidated, spark_frame, values_sql
+from factflow.model.frames import INLINE_ROWS, LOCAL_RELATION_CELLS, consolidated, spark_frame, values_sql
 
 NASTY = ["", "plain", "it's", "a'b\"c", "back\\slash", "\\'", "\\u0041", "new\nline\ttab\r", "\x00nul",
          "\u00e9\u4e2d\U0001F600", "`tick`", "-- not a comment", "/* nor this */", "'", "\\", "x" * 10_000]
@@ -112,3 +112,19 @@ def test_consolidation_drops_rows_that_cancel():
     assert consolidated(frame, ["k", "_t"], "_diff").empty
     assert consolidated(frame, [], "_diff").empty
     assert consolidated(frame.iloc[:1], [], "_diff")["_diff"].tolist() == [1]
+
+
+def test_a_wide_frame_is_read_from_an_rdd_and_a_narrow_one_from_the_plan(spark):
+    """What decides is the frame's cells, not its rows: the optimizer evaluates plans over a
+    LocalRelation's rows on the driver, which a 60,000-row table of 16 columns made cost
+    seconds per load."""
+    def leaf(columns: int, rows: int) -> str:
+        frame = pd.DataFrame({f"c{i}": range(rows) for i in range(columns)})
+        plan = spark_frame(spark, frame)._jdf.queryExecution().analyzed().toString()
+        return "LocalRelation" if "LocalRelation" in plan else "LogicalRDD" if "LogicalRDD" in plan else plan
+    cells = LOCAL_RELATION_CELLS
+    assert leaf(8, cells // 8) == "LocalRelation"
+    assert leaf(8, cells // 8 + 1) == "LogicalRDD"
+    assert leaf(16, cells // 8) == "LogicalRDD"
+    wide = pd.DataFrame({f"c{i}": range(cells // 4) for i in range(8)})
+    assert _rows(spark_frame(spark, wide)) == list(zip(*[range(cells // 4)] * 8))

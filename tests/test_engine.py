@@ -692,6 +692,41 @@ def test_a_spark_failure_rolls_the_epoch_back_and_the_engine_goes_on(people, mon
     assert q.results() == {(1, "Ann"): 1, (2, "Bo"): 1}
 
 
+def test_a_bulk_epoch_arranges_its_attributes_at_once_and_one_failing_rolls_all_back(spark, monkeypatch):
+    """A bulk transaction's attributes are arranged by several threads, each job labelled
+    with the epoch; one attribute's failure rolls every attribute back, and the retry is exact."""
+    from factflow import Engine, EngineConfig, ExecutionError
+    from factflow.arrangement.attribute import AttributeArrangement
+
+    db = Engine(spark=spark, config=EngineConfig(local_limit=2))  # 30 rows: the bulk (Spark) path
+    try:
+        for name in ("a", "b", "c", "d", "e"):
+            db.create_attribute(f":{name}", type="long")
+        q = db.query("[:find ?x ?a ?c ?e :where [?x :a ?a] [?x :c ?c] [?x :e ?e]]")
+        rows = [[":db/add", x, f":{name}", 10 * x + i] for x in range(1, 7) for i, name in enumerate("abcde")]
+        original = AttributeArrangement.apply_frame
+
+        def failing_on_c(self, delta, epoch):
+            if str(self.attribute.name) == ":c":
+                raise RuntimeError("org.apache.spark.SparkException: Job aborted (injected)")
+            return original(self, delta, epoch)
+
+        monkeypatch.setattr(AttributeArrangement, "apply_frame", failing_on_c)
+        with pytest.raises(ExecutionError, match="epoch 1 failed in Spark and was rolled back"):
+            db.transact(rows)
+        monkeypatch.setattr(AttributeArrangement, "apply_frame", original)
+        assert db.epoch == 0 and q.results() == {}
+        assert all(not db._state.arrangements[db.schema.get(f":{n}").id].forward.batches for n in "abcde")
+        tracker = spark.sparkContext.statusTracker()
+        before = set(tracker.getJobIdsForGroup(f"{db._group}-1"))
+        assert db.transact(rows) == 1
+        assert q.results() == {(x, 10 * x, 10 * x + 2, 10 * x + 4): 1 for x in range(1, 7)}
+        arranged = [tracker.getJobInfo(j) for j in set(tracker.getJobIdsForGroup(f"{db._group}-1")) - before]
+        assert len(arranged) >= 5
+    finally:
+        db.close()
+
+
 def test_an_epoch_that_loses_the_spark_driver_raises_and_closes_the_engine():
     """In a fresh interpreter (the test run's session must live on): the driver's JVM dies in
     the middle of an epoch; the epoch raises ExecutionError, never hangs, and the engine is

@@ -10,11 +10,13 @@ In a small transaction the current state of the touched entities is probed by ke
 attributes whose index holds stored batches, so the statement's work does not grow with
 the attribute. A small transaction is fetched to the driver with one job and appended as local batches;
 a bulk one stays in Spark: one job validates it, and each changed attribute's changes are
-arranged from Spark (stored there unless they turn out small).
+arranged from Spark (stored there unless they turn out small), a few attributes at once
+(:data:`ARRANGING_THREADS`); a failure of any rolls the epoch back as a whole.
 """
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Iterator
 
@@ -31,6 +33,7 @@ from factflow.arrangement.trace import TraceHandle
 from factflow.dataflow.context import EpochContext
 from factflow.dataflow.lookup import TRACE_DIFF, probe
 from factflow.engine import transaction
+from factflow.engine.session import label_jobs
 from factflow.errors import TransactionError
 from factflow.model.schema import Attribute
 from factflow.model.types import Kind
@@ -38,7 +41,13 @@ from factflow.model.types import Kind
 if TYPE_CHECKING:  # pragma: no cover
     from factflow.engine.state import EngineState
 
-__all__ = ["apply_changes", "small_statements"]
+__all__ = ["apply_changes", "small_statements", "ARRANGING_THREADS"]
+
+#: Threads arranging a bulk transaction's attributes at once (each attribute is one Spark
+#: job, about half of whose time is the driver planning it). Loading TPC-H lineitem at
+#: SF 0.01 (17 attributes) from Parquet took 6.69 s one at a time, 6.17 s with two threads
+#: and 5.92 s with four (medians of 3, one session, on this project's 2-core machine).
+ARRANGING_THREADS = 4
 
 
 def apply_changes(state: "EngineState", prepared: transaction.PreparedTransaction, epoch: int,
@@ -146,18 +155,31 @@ def _apply_bulk(state: "EngineState", sql: str, epoch: int, watched: dict[int, p
         if any(r["errors"] for r in summary):
             _raise_errors(pa.table({transaction.ERR: [m for r in summary for m in r["examples"]]}),
                           total=sum(r["errors"] for r in summary))
-        for r in summary:
-            if not r["rows"]:
-                continue
-            attribute = state.schema.by_id(r["a"])
+        attributes = [state.schema.by_id(r["a"]) for r in summary if r["rows"]]
+        group = spark.sparkContext.getLocalProperty("spark.jobGroup.id") or ""
+
+        def arrange(attribute: Attribute) -> tuple[int, pd.DataFrame | None]:
+            sc = spark.sparkContext
             slot = transaction.SLOT[attribute.kind]
             delta = wide.where((F.col("a") == attribute.id) & F.col(transaction.ERR).isNull()) \
                 .select("e", F.col(slot).alias("v"), DIFF)
-            spark.sparkContext.setJobDescription(f"epoch {epoch}: arrange {attribute.name}")
-            changed[attribute.id] = state.arrangements[attribute.id].apply_frame(delta, epoch)
-            if state.watched(attribute.id):
-                spark.sparkContext.setJobDescription(f"epoch {epoch}: changes of {attribute.name} for its subscribers")
-                watched[attribute.id] = delta.toArrow().to_pandas()
+            label_jobs(sc, group, f"epoch {epoch}: arrange {attribute.name}")
+            rows = state.arrangements[attribute.id].apply_frame(delta, epoch)
+            if not state.watched(attribute.id):
+                return rows, None
+            sc.setJobDescription(f"epoch {epoch}: changes of {attribute.name} for its subscribers")
+            return rows, delta.toArrow().to_pandas()
+
+        # A few threads overlap one attribute's planning with another's job; all finish
+        # before the first failure is raised, so that the rollback finds them done.
+        with ThreadPoolExecutor(max_workers=min(ARRANGING_THREADS, max(len(attributes), 1))) as pool:
+            futures = {a.id: pool.submit(arrange, a) for a in attributes}
+            wait(futures.values())
+        for a_id, future in futures.items():
+            rows, changes = future.result()
+            changed[a_id] = rows
+            if changes is not None:
+                watched[a_id] = changes
     finally:
         wide.unpersist()
     return changed

@@ -81,3 +81,62 @@ def test_a_linear_rule_is_turned_around_for_the_bound_argument(chain, rule, call
     assert "r-turned[" in q.explain()
     chain.transact([[":db/retract", 20, ":edge", 21]])
     assert q.results() == {(y,): 1 for y in after}
+
+
+def test_overdeletion_gives_way_to_a_recompute_once_it_passes_or_is_bound_to_pass_the_fraction():
+    from factflow.dataflow.recursion import overdeletion_doomed
+
+    held = 1000
+    assert overdeletion_doomed(501, 400, 100, held, 0.5)            # past half
+    assert not overdeletion_doomed(500, 400, None, held, 0.5)       # the first frontier is never extrapolated
+    # a geometric frontier: 10 -> 100 marked so far 110; next ~1,000 would pass 500
+    assert overdeletion_doomed(110, 100, 10, held, 0.5)
+    # growing, but less than doubling (a grid's rings): wait and see
+    assert not overdeletion_doomed(400, 150, 100, held, 0.5)
+    # doubling, but the next iteration at that rate stays under the line
+    assert not overdeletion_doomed(30, 20, 10, held, 0.5)
+    # a shrinking frontier
+    assert not overdeletion_doomed(450, 10, 100, held, 0.5)
+    # the limits of the setting: 0 recomputes on any overdeletion, infinity never
+    assert overdeletion_doomed(1, 1, None, held, 0.0)
+    assert not overdeletion_doomed(10**9, 10**9, 1, held, float("inf"))
+
+
+def test_a_dense_closure_recomputes_before_its_overdeletion_passes_half(engine, monkeypatch):
+    """Retractions in a graph where everything reaches everything in a few steps: the
+    overdeletion's frontier grows geometrically, so the epoch gives way to a recompute one
+    iteration before the marked tuples pass half of the closure, and the result is exact."""
+    import random
+
+    from factflow.dataflow import recursion
+
+    rng = random.Random(5)
+    nodes = range(40)
+    edges = {(a, b) for a in nodes for b in nodes if a != b and rng.random() < 0.12}
+    engine.create_attribute(":edge", type="ref")
+    engine.register("[[(reach ?x ?y) [?x :edge ?y]] [(reach ?x ?y) [?x :edge ?z] (reach ?z ?y)]]")
+    q = engine.query("[:find ?x ?y :where (reach ?x ?y)]")
+    engine.transact([[":db/add", a, ":edge", b] for a, b in sorted(edges)])
+    decisions = []
+    decide = recursion.overdeletion_doomed
+
+    def recorded(overdeleted, found, previous, held, fraction):
+        doomed = decide(overdeleted, found, previous, held, fraction)
+        decisions.append((overdeleted, held, fraction, doomed))
+        return doomed
+
+    monkeypatch.setattr(recursion, "overdeletion_doomed", recorded)
+    gone = rng.sample(sorted(edges), 3)
+    engine.transact([[":db/retract", a, ":edge", b] for a, b in gone])
+    edges -= set(gone)
+
+    def reached(source):  # breadth-first search over the remaining edges
+        seen, frontier = set(), [source]
+        while frontier:
+            frontier = [b for a, b in edges if a in frontier and b not in seen]
+            seen.update(frontier)
+        return seen
+
+    assert q.results() == {(x, y): 1 for x in nodes for y in reached(x)}
+    overdeleted, held, fraction, doomed = decisions[-1]
+    assert doomed and overdeleted <= fraction * held, decisions

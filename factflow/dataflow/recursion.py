@@ -62,7 +62,7 @@ from factflow.dataflow.nodes import Columns, Node, Scan, Static, Stateful
 from factflow.dataflow.slots import TraceSlot
 from factflow.dataflow.zset import ident
 
-__all__ = ["Placeholder", "RuleOutput", "RecursiveBody", "Fixpoint", "Materializer", "overdeletion_doomed"]
+__all__ = ["Placeholder", "RuleOutput", "RecursiveBody", "Fixpoint", "Materializer"]
 
 
 
@@ -260,8 +260,7 @@ class Fixpoint(Node):
         the iterations accumulate (deleted and inserted tuples) is kept as one materialized
         relation per rule (``store.concat``), so each iteration's statement has the same
         size however many iterations came before. Once the overdeleted tuples pass
-        ``recompute_fraction`` of the tuples the rules' traces hold, or are bound to pass it
-        in the next iteration (:func:`overdeletion_doomed`), delete and rederive is
+        ``recompute_fraction`` of the tuples the rules' traces hold, delete and rederive is
         abandoned: the rules are derived again from the new inputs (what an install does)
         and the change is the new sets minus the old, so an epoch never costs much more
         than recomputing (``float("inf")``: never recompute, ``0``: on any overdeletion).
@@ -280,14 +279,11 @@ class Fixpoint(Node):
             held = sum(handle.tuples for handle in self.handles.values())
             overdeleted = 0
             iterations = 0
-            previous = None
             while frontier:
-                found = sum(rows for _, rows in frontier.values())
-                overdeleted += found
-                if overdeletion_doomed(overdeleted, found, previous, held, recompute_fraction):
+                overdeleted += sum(rows for _, rows in frontier.values())
+                if overdeleted > recompute_fraction * held:
                     recompute = True
                     break
-                previous = found
                 iterations += 1
                 prior = dict(deleted)
                 for r, (view, _) in frontier.items():
@@ -373,26 +369,6 @@ class Fixpoint(Node):
             if parts:
                 changes[r] = cx.define(zset.consolidate(f"({zset.union(parts, names)})", names))
         return changes
-
-
-def overdeletion_doomed(overdeleted: int, found: int, previous: int | None, held: int, fraction: float) -> bool:
-    """Whether an epoch's delete and rederive should give way to deriving the rules again:
-    the ``overdeleted`` tuples (``found`` of them in the latest iteration, ``previous`` in
-    the one before) pass ``fraction`` of the ``held`` tuples, or the frontier at least
-    doubled and one more iteration growing at its rate would pass it.
-
-    The second test saves the iteration that would cross the line, the largest of them
-    when the frontier grows geometrically (a dense graph, where everything reaches
-    everything in a few steps: on gnp10K the overdeletion that preceded each recompute
-    took about 110 s of a 220 s epoch, most of it in its last iteration). A frontier that
-    grows linearly (a grid) is never extrapolated. A wrong guess (a frontier that stops
-    growing at once) costs a recompute where delete and rederive might have been
-    cheaper, never a wrong result.
-    """
-    limit = fraction * held
-    if overdeleted > limit:
-        return True
-    return bool(previous) and found >= 2 * previous and overdeleted + found * found / previous > limit
 
 
 def _filter(relation: str, rows: str, names: Sequence[str], anti: bool = False) -> str:

@@ -16,7 +16,7 @@ arranged from Spark (stored there unless they turn out small), a few attributes 
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Iterator
 
@@ -170,11 +170,11 @@ def _apply_bulk(state: "EngineState", sql: str, epoch: int, watched: dict[int, p
             sc.setJobDescription(f"epoch {epoch}: changes of {attribute.name} for its subscribers")
             return rows, delta.toArrow().to_pandas()
 
-        # A few threads overlap one attribute's planning with another's job; all finish
-        # before the first failure is raised, so that the rollback finds them done.
+        # A few threads overlap one attribute's planning with another's job; leaving the
+        # pool waits for all of them, so the first failure is raised (and the epoch rolled
+        # back) only once none is running.
         with ThreadPoolExecutor(max_workers=min(ARRANGING_THREADS, max(len(attributes), 1))) as pool:
             futures = {a.id: pool.submit(arrange, a) for a in attributes}
-            wait(futures.values())
         for a_id, future in futures.items():
             rows, changes = future.result()
             changed[a_id] = rows

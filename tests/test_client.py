@@ -7,6 +7,7 @@ namespace of its own (the ``ns`` fixture), so tests see only their own facts.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import datetime as dt
 import io
 import itertools
@@ -20,6 +21,8 @@ from websockets.sync.server import serve as raw_serve
 from factflow import ConnectionClosedError, Engine, EngineClosedError, RequestTimeoutError, ServerError
 from factflow.cli import main as cli
 from factflow.client import AsyncClient, Client
+from factflow.client.messages import QueryState
+from factflow.client.sync import Updates, _result
 from factflow.server import ServerThread
 
 _NAMESPACES = itertools.count(1)
@@ -403,6 +406,37 @@ def test_cli_follow_prints_changes_until_ctrl_c(server, client, ns, monkeypatch)
     epoch = client.status()["epoch"]
     assert sorted(lines[3:]) == [f"epoch {epoch}  + Anna", f"epoch {epoch}  + Bo", f"epoch {epoch}  - Ann"]
     assert lines[3] == f"epoch {epoch}  - Ann"  # retractions first
+
+
+@pytest.mark.parametrize("wait", ["diffs", "reply"])
+def test_ctrl_c_stops_a_wait_that_started_as_the_signal_came(wait):
+    """CPython lets only the main thread handle a signal, and a signal that comes just as the
+    main thread starts an untimed wait does not wake it (this hung ``query --follow``). A
+    signal delivered to another thread leaves the main thread in exactly that state: the
+    waits for diffs and replies must notice it on their own."""
+    updates, reply = Updates(QueryState("q"), initial=False), concurrent.futures.Future()
+    released = threading.Event()
+
+    def press_ctrl_c_elsewhere():
+        time.sleep(0.3)
+        signal.pthread_kill(threading.get_ident(), signal.SIGINT)  # trips the flag, wakes nobody
+        if not raised.wait(10):  # still blocked: release it so that the test fails instead of hanging
+            released.set()
+            updates._put((1, []))
+            reply.set_result(None)
+
+    raised = threading.Event()
+    presser = threading.Thread(target=press_ctrl_c_elsewhere)
+    presser.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            next(updates) if wait == "diffs" else _result(reply, None)
+            while not released.is_set():  # the pending handler runs at the latest here
+                time.sleep(0.01)
+        raised.set()
+    finally:
+        presser.join()
+    assert not released.is_set(), "the wait did not notice Ctrl-C until it was released"
 
 
 def test_durable_queries_and_drop(spark, tmp_path, ns):

@@ -22,6 +22,7 @@ import itertools
 import logging
 import queue
 import threading
+import time
 from functools import partial
 from typing import Any, Callable, Iterator, Sequence
 
@@ -38,6 +39,24 @@ from factflow.errors import ConnectionClosedError, RequestTimeoutError, ServerEr
 __all__ = ["Client", "RemoteQuery", "Updates"]
 
 log = logging.getLogger("factflow.client")
+
+#: How long a caller blocks at a time while it waits for a reply or a diff. CPython loses
+#: a signal that arrives just as the main thread starts an untimed wait: a Ctrl-C pressed
+#: then would never stop ``for epoch, changes in updates``. A timed wait wakes up and runs
+#: the pending handler.
+_SIGNAL_SLICE = 0.25
+
+
+def _result(future: concurrent.futures.Future, timeout: float | None) -> Any:
+    """``future.result(timeout)``, waiting in slices so that Ctrl-C is always noticed."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        left = _SIGNAL_SLICE if deadline is None else min(_SIGNAL_SLICE, deadline - time.monotonic())
+        try:
+            return future.result(max(left, 0))
+        except concurrent.futures.TimeoutError:
+            if future.done() or (deadline is not None and time.monotonic() >= deadline):
+                raise
 
 
 class _Pending:
@@ -176,7 +195,7 @@ class Client:
                 raise
             feed.ready.set_result(None)
         else:
-            feed.ready.result()  # raises as the first subscription did
+            _result(feed.ready, None)  # raises as the first subscription did
         return unsubscribe
 
     def explain(self, name: str) -> str:
@@ -216,7 +235,7 @@ class Client:
         except ConnectionClosed:
             pass  # the reader fails every waiting request, this one too, saying why
         try:
-            message = pending.reply.result(self.timeout)
+            message = _result(pending.reply, self.timeout)
         except concurrent.futures.TimeoutError:
             with self._lock:
                 self._pending.pop(request_id, None)
@@ -366,4 +385,8 @@ class Updates(UpdatesBase):
         return self
 
     def __next__(self) -> tuple[int, list]:
-        return self._item(self._queue.get(), StopIteration)
+        while True:
+            try:
+                return self._item(self._queue.get(timeout=_SIGNAL_SLICE), StopIteration)
+            except queue.Empty:
+                continue

@@ -115,6 +115,11 @@ class TraceHandle:
         self._check()
         return [b.source for b in self._trace.batches_between(epoch, epoch + 1)]
 
+    def change_rows(self, epoch: int) -> int:
+        """Update rows of the batches holding exactly the updates of ``epoch``."""
+        self._check()
+        return sum(b.rows for b in self._trace.batches_between(epoch, epoch + 1))
+
     def empty(self) -> str:
         """SQL relation with the trace's columns and no rows."""
         return self._trace.empty()

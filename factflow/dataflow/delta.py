@@ -53,13 +53,17 @@ _COUNT = "_n"
 _WINNER = "_w"
 
 #: In an epoch whose changes are kept in Spark, a join with changes to this many of its
-#: bindings or more computes its change as the whole join as of NEW less the whole join as
-#: of OLD: two pipelines instead of one per changed binding. Each pipeline joins every
-#: binding, and in a worst-case optimal plan each stage counts, proposes and validates
-#: against every extender, so the pipelines of a bulk TPC-H epoch that changes all of Q21's
-#: lineitem bindings made one statement of 1,148 joins and 356 broadcasts: Spark took 20 s
-#: to plan it and ran the driver out of memory building the broadcasts.
+#: bindings or more, whose changed attribute patterns changed by at least
+#: :data:`REBUILT_SHARE` of the updates they hold, computes its change as the whole join as
+#: of NEW less the whole join as of OLD: two pipelines instead of one per changed binding.
+#: Each pipeline joins every binding, and in a worst-case optimal plan each stage counts,
+#: proposes and validates against every extender, so the pipelines of a bulk TPC-H epoch
+#: that changes all of Q21's lineitem bindings made one statement of 1,148 joins and 356
+#: broadcasts: Spark took 20 s to plan it and ran the driver out of memory building the
+#: broadcasts. A change that is a small share of the state keeps its pipelines: they read
+#: only what the change touches, the difference reads the whole join twice.
 REBUILT_FROM = 3
+REBUILT_SHARE = 0.125
 
 
 class Shape(Node):
@@ -256,7 +260,7 @@ class DeltaJoin(Node):
         changed = [(p, d) for p in self.pipelines if (d := p.source.delta(cx)) is not None]
         if not changed:
             return None
-        if not cx.small and len(changed) >= REBUILT_FROM:
+        if not cx.small and len(changed) >= REBUILT_FROM and self._changed_by_a_large_share(cx, changed):
             return self._difference(cx)
         parts = []
         for p, d in changed:
@@ -264,6 +268,14 @@ class DeltaJoin(Node):
                 d = cx.define(zset.select(d, p.source.names, diff=f"-{ident(DIFF)}"))
             parts.append(self._run(cx, p, d, lambda position, s=p.position: Version.NEW if position < s else Version.OLD))
         return cx.define(zset.union(parts, self.names))
+
+    @staticmethod
+    def _changed_by_a_large_share(cx: EpochContext, changed) -> bool:
+        """Whether the attribute patterns among the ``changed`` bindings changed in this epoch
+        by at least :data:`REBUILT_SHARE` of the updates they hold (False without any)."""
+        handles = [p.source.handle for p, _ in changed if isinstance(p.source, Scan)]
+        held = sum(h.tuples for h in handles)
+        return held > 0 and sum(h.change_rows(cx.epoch) for h in handles) >= REBUILT_SHARE * held
 
     def _difference(self, cx: EpochContext) -> str:
         """The change as the whole collection as of NEW less the one as of OLD, consolidated."""

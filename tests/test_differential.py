@@ -339,9 +339,10 @@ def rewired_friendships(rng: random.Random, oracle: Oracle) -> list:
 @pytest.mark.parametrize("join", ["delta", "wco"])
 def test_bulk_epochs_match_the_oracle_whether_joins_run_pipelines_or_take_differences(spark, join, monkeypatch):
     # every epoch's changes kept in Spark (local_limit=0); a join whose changes reach
-    # REBUILT_FROM of its bindings computes NEW less OLD (factflow.dataflow.delta), the
-    # others run a pipeline per changed binding: with two, both happen here. Half of the
-    # join catalogue each (every bulk epoch costs a few Spark jobs per query)
+    # REBUILT_FROM of its bindings and REBUILT_SHARE of what its patterns hold computes NEW
+    # less OLD (factflow.dataflow.delta), the others run a pipeline per changed binding:
+    # with REBUILT_FROM at two, both happen here (most epochs take the difference). Half of
+    # the join catalogue each (every bulk epoch costs a few Spark jobs per query)
     import factflow.dataflow.delta as delta
     monkeypatch.setattr(delta, "REBUILT_FROM", 2)
     run_stream(spark, 301, epochs=8, queries=JOIN_CATALOG, join=join, config=EngineConfig(local_limit=0),

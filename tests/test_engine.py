@@ -62,6 +62,34 @@ def test_queries_installed_before_during_and_after_the_stream_agree(people):
     assert before.results() == during.results() == after.results() == expected
 
 
+def test_an_install_over_small_state_runs_as_a_small_epoch(spark):
+    """An install over at most ``local_limit`` rows of state computes each round in one
+    statement fetched to the driver with one job; over more, every stateful operator is
+    checkpointed in Spark, a job each (or several). Both give the same result, and both
+    are maintained alike."""
+    from factflow import Engine, EngineConfig
+    from factflow.engine.reports import spark_jobs
+
+    text = "[:find ?n (count ?b) :where [?a :person/name ?n] [?a :person/knows ?x] [?x :person/knows ?b]]"
+    facts = [add(1, ":person/knows", 2), add(2, ":person/knows", 3), add(3, ":person/knows", 1),
+             add(2, ":person/knows", 1), add(1, ":person/name", "Ann"), add(3, ":person/name", "Cy")]
+    seen = {}
+    for local_limit in (20_000, 3):  # the facts are 6 rows: within the default, over 3
+        with Engine(spark=spark, config=EngineConfig(local_limit=local_limit)) as db:
+            db.create_attribute(":person/knows", type="ref")
+            db.create_attribute(":person/name", type="string", semantics="one")
+            db.transact(facts)
+            q = db.query(text, name="hops")
+            installed = q.results()
+            jobs = [j.description for j in spark_jobs(spark, f"factflow-{db._id}-install-hops")
+                    if j.description.startswith("install hops")]  # (not the reverse index's)
+            db.transact([retract(2, ":person/knows", 1), add(3, ":person/knows", 2)])
+            seen[local_limit] = (installed, q.results(), jobs)
+    assert seen[20_000][:2] == seen[3][:2] == ({("Ann", 2): 1, ("Cy", 1): 1}, {("Ann", 1): 1, ("Cy", 2): 1})
+    assert seen[20_000][2] == ["install hops"]
+    assert len(seen[3][2]) > 1 and all(d.endswith("(pending)") for d in seen[3][2])
+
+
 def test_subscriptions_deliver_consolidated_changes_that_add_up(people):
     q = people.query("[:find ?p ?n :where [?p :person/name ?n]]")
     seen = []

@@ -28,10 +28,11 @@ class EpochContext:
 
     In *install* mode the whole state as of ``epoch`` counts as the change and the old
     state is empty, so the same delta rules compute a query's initial result.
-    ``small`` says every base change of this epoch is small (held on the driver): its
-    statements then run in one partition without shuffles or broadcasts (every named
-    subquery coalesced, see :class:`Statement`; settings in ``EngineConfig.small_conf``),
-    and operators read large traces by probing their keys (:mod:`factflow.dataflow.lookup`).
+    ``small`` says every base change of this epoch is small (held on the driver), or, for
+    an install, that all the state the query reads is: its statements then run in one
+    partition without shuffles or broadcasts (every named subquery coalesced, see
+    :class:`Statement`; settings in ``EngineConfig.small_conf``), and a small epoch's
+    operators read large traces by probing their keys (:mod:`factflow.dataflow.lookup`).
 
     Operators describe their work as named SQL subqueries (:meth:`define`); a statement
     (:meth:`statement`) puts the ones it needs into a ``WITH`` clause, so each is written

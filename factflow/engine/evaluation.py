@@ -9,8 +9,9 @@ consolidated input change ``d`` is materialized once instead of being computed t
 epoch the old counts are probed by ``d``'s keys in the same pass (see
 :mod:`factflow.dataflow.lookup`).
 
-Small epochs fetch each round with one job into driver memory (local batches); bulk
-epochs and installs checkpoint every result in Spark instead. What a fetch may bring to
+Small epochs, and installs over small state, fetch each round with one job into driver
+memory (local batches); bulk epochs and other installs checkpoint every result in Spark
+instead. What a fetch may bring to
 the driver is bounded in rows, inside the statement (``EngineConfig.fetch_limit``, shared
 by the round's relations, see :mod:`factflow.engine.collect`): an operator whose pending
 rows exceed their share (a tiny change with an enormous intermediate result, such as a
@@ -166,7 +167,7 @@ class Evaluation:
                 steps = [(node, step) for node, step in steps if not isinstance(node, Fixpoint)]
                 if not steps:
                     continue
-                if self.cx.small and not self.cx.install:
+                if self.cx.small:
                     try:
                         steps = self._fetch(steps, outputs, label)
                     except Exception as exc:  # noqa: BLE001 - only the result-size limit is handled

@@ -4,10 +4,13 @@ Planning (:func:`factflow.planner.synthesis.plan_query`) allocates nothing; inst
 plan allocates its slots (:mod:`factflow.engine.allocation`): handles on the shared
 arrangements as of the closed epoch ``t``, private traces, views of constant relations,
 and the shared rules the plan creates. Its stateful operators are then evaluated once
-from that state (checkpointed in Spark), and from then on maintained by every epoch that
-changes an attribute it reads. A rule relation another query already maintains (see
-:mod:`factflow.planner.shared`) is not computed again: the new dataflow reads its
-maintained state. A query that fails to install leaves nothing behind.
+from that state, and from then on maintained by every epoch that changes an attribute it
+reads. Over state of at most ``EngineConfig.local_limit`` rows in all (the traces the
+query reads) that evaluation runs as a small epoch's does: each round one statement in one
+partition, fetched to the driver with one job and appended as local batches; over more,
+every stateful operator is checkpointed in Spark. A rule relation another query already
+maintains (see :mod:`factflow.planner.shared`) is not computed again: the new dataflow
+reads its maintained state. A query that fails to install leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -45,12 +48,13 @@ def install(state: EngineState, plan: Plan, name: str, group_prefix: str) -> Dat
     try:
         allocation.bind(plan)
         dataflow = Dataflow(plan, name, holdings)
-        cx = EpochContext(state.epoch, state.spark, install=True)
+        handles, traces = state.held_by([dataflow])
+        held = sum(h.tuples for h in handles) + sum(t.tuples for t in traces)
+        cx = EpochContext(state.epoch, state.spark, install=True, small=held <= state.config.local_limit)
         reused = [e for e in dataflow.shared_rules() if e.installed]
         for entry in reused:
             entry.present_as_installed(cx)
         state.evaluate([dataflow], cx, subscribed=set(), settled=[n for e in reused for n in e.stateful()])
-        handles = state.held_by([dataflow])[0]
     except BaseException:
         allocation.release()
         raise

@@ -146,3 +146,33 @@ def test_the_load_command_creates_attributes_and_applies_to_a_state_dir(spark, t
         assert db.epoch == 1
         assert db.query("[:find ?n ?m :where [?a :p/friend ?b] [?a :p/name ?n] [?b :p/name ?m]]").results() == \
             {("Ann", "Bob"): 1, ("Bob", "Ann"): 1}
+
+
+def test_tables_loaded_together_arrive_and_leave_in_one_epoch(spark):
+    """load_tables: an order and its line items (a reference between them, a column name
+    both tables use) in one epoch, and retracted in one, so the join never sees a line item
+    without its order; a table given twice is refused, changing nothing."""
+    from factflow.io.tables import Reference, Table, load_tables
+
+    orders = Table("orders", key=("o_key",))
+    lines = Table("lines", key=("l_order", "l_number"), references={"l_order": Reference("orders", ("l_order",))})
+    order_rows = pd.DataFrame({"o_key": [1, 2], "note": ["rush", "slow"]})
+    line_rows = pd.DataFrame({"l_order": [1, 1, 2], "l_number": [1, 2, 1], "note": ["a", "b", "c"]})
+    with Engine(spark=spark) as db:
+        load_tables(db, [(order_rows, orders), (line_rows, lines)])  # creates the attributes
+        q = db.query("[:find ?o ?l ?n :where [?x :lines/l_order ?y] [?y :orders/o_key ?o] "
+                     "[?y :orders/note ?n] [?x :lines/l_number ?l]]", name="lines-of-orders")
+        epochs = []
+        q.subscribe(lambda epoch, changes: epochs.append((epoch, sorted(changes))))
+        assert q.results() == {(1, 1, "rush"): 1, (1, 2, "rush"): 1, (2, 1, "slow"): 1}
+        before = db.epoch
+        load_tables(db, [(line_rows[line_rows.l_order == 2], lines), (order_rows[order_rows.o_key == 2], orders)],
+                    added=False)
+        assert db.epoch == before + 1
+        assert epochs == [(before + 1, [((2, 1, "slow"), -1)])]
+        assert q.results() == {(1, 1, "rush"): 1, (1, 2, "rush"): 1}
+        facts = db.query("[:find ?e ?n :where [?e :lines/note ?n]]", name="notes").results()
+        assert sorted(n for _, n in facts) == ["a", "b"]  # each table's own "note" column
+        with pytest.raises(LoadError, match="orders given twice"):
+            load_tables(db, [(order_rows, orders), (order_rows, orders)])
+        assert db.epoch == before + 1

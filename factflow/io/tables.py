@@ -1,7 +1,7 @@
 """Relational tables as facts: an entity per row, an attribute per column.
 
 A :class:`Table` says how one relational table maps to facts, and :func:`load_table`
-applies its rows (from files, a Spark DataFrame or a pandas frame) through
+(:func:`load_tables` for several tables in one epoch) applies its rows (from files, a Spark DataFrame or a pandas frame) through
 :meth:`Engine.load <factflow.Engine.load>`, so a table costs what a load costs:
 
 * **Attributes**: column ``c`` of table ``t`` is the attribute ``:t/c``, typed from the
@@ -45,7 +45,7 @@ from factflow.model.types import FRACTIONAL_TYPES, INTEGRAL_TYPES
 if TYPE_CHECKING:  # pragma: no cover
     from factflow.engine.engine import Engine
 
-__all__ = ["Reference", "Table", "entity_id", "table_attributes", "create_table", "load_table"]
+__all__ = ["Reference", "Table", "entity_id", "table_attributes", "create_table", "load_table", "load_tables"]
 
 _ENTITY = "__entity"
 
@@ -157,6 +157,42 @@ def load_table(db: "Engine", source: str | Sequence[str] | DataFrame | pd.DataFr
     DataFrame or a pandas frame) as facts of ``table`` in one epoch, through
     :meth:`Engine.load`; its attributes are created first when missing
     (:func:`create_table`). ``added=False`` retracts the rows' facts."""
+    frame, columns = _facts(db, source, table, format, options)
+    return db.load(frame, entity=_ENTITY, attributes=columns, added=added)
+
+
+def load_tables(db: "Engine", sources: Sequence[tuple[str | Sequence[str] | DataFrame | pd.DataFrame, Table]],
+                format: str = "parquet", options: Mapping[str, str] | None = None, added: bool = True) -> LoadReport:
+    """Apply the rows of several tables, ``(source, table)`` pairs as :func:`load_table`
+    takes them, in one epoch: an order and its line items arrive (or are retracted)
+    together, so no query ever shows one without the other. A LoadError, changing nothing,
+    for no sources or a table given twice."""
+    if not sources:
+        raise LoadError("load_tables: no tables given")
+    names = [table.name for _, table in sources]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise LoadError(f"load_tables: table {', '.join(twice)} given twice (union its rows into one source)")
+    parts, attributes = [], {}
+    for i, (source, table) in enumerate(sources):
+        frame, columns = _facts(db, source, table, format, options)
+        aliases = {column: f"__t{i}_{n}" for n, column in enumerate(dict.fromkeys(columns.values()))}
+        parts.append(frame.select(F.col(_ENTITY), *[_column_named(c).alias(a) for c, a in aliases.items()]))
+        attributes.update({attribute: aliases[column] for attribute, column in columns.items()})
+    frame = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), parts)
+    return db.load(frame, entity=_ENTITY, attributes=attributes, added=added)
+
+
+def _column_named(name: str) -> Column:
+    """The column called ``name``, dots and all."""
+    return F.col("`" + name.replace("`", "``") + "`")
+
+
+def _facts(db: "Engine", source: str | Sequence[str] | DataFrame | pd.DataFrame, table: Table, format: str,
+           options: Mapping[str, str] | None) -> tuple[DataFrame, dict[str, str]]:
+    """The rows of ``source`` with their entity id (column ``_ENTITY``) and reference ids
+    added, and the column each attribute of ``table`` takes its values from; the table's
+    attributes are created first when missing."""
     spark = db.spark
     if isinstance(source, pd.DataFrame):
         frame = spark_frame(spark, source)
@@ -179,4 +215,4 @@ def load_table(db: "Engine", source: str | Sequence[str] | DataFrame | pd.DataFr
             frame = frame.withColumn(f"__ref_{name}", entity_id(reference.table, parts))
             columns[table.attribute(name)] = f"__ref_{name}"
     frame = frame.withColumn(_ENTITY, entity_id(table.name, [_key_part(frame, c) for c in table.key]))
-    return db.load(frame, entity=_ENTITY, attributes=columns, added=added)
+    return frame, columns

@@ -50,7 +50,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import types as T
 
 from factflow import workers
-from factflow.model.types import Kind, spark_type
+from factflow.model.types import Kind, ident, spark_type
 from factflow.storage.cache import local_file
 from factflow.storage.location import Location
 from factflow.storage.tasks import files_frame
@@ -90,13 +90,13 @@ def arrow_schema(columns: Sequence[tuple[str, Kind]]) -> pa.Schema:
 
 def hash_sql(columns: Sequence[str]) -> str:
     """SQL of the 64-bit key hash of ``columns`` (identical for equal values of equal kinds)."""
-    return "xxhash64(" + ", ".join("`" + c.replace("`", "``") + "`" for c in columns) + ")"
+    return "xxhash64(" + ", ".join(ident(c) for c in columns) + ")"
 
 
 def partition_hash_sql(columns: Sequence[str]) -> str:
     """SQL of the hash Spark partitions rows by ``columns`` with (its Murmur3 ``hash``, seed
     42: a row of a hash-partitioned frame is in partition ``pmod(hash, n)``)."""
-    return "hash(" + ", ".join("`" + c.replace("`", "``") + "`" for c in columns) + ")"
+    return "hash(" + ", ".join(ident(c) for c in columns) + ")"
 
 
 # ------------------------------------------------------------------ writing

@@ -11,12 +11,12 @@ epoch the old counts are probed by ``d``'s keys in the same pass (see
 
 Small epochs, and installs over small state, fetch each round with one job into driver
 memory (local batches); bulk epochs and other installs checkpoint every result in Spark
-instead. What a fetch may bring to
-the driver is bounded in rows, inside the statement (``EngineConfig.fetch_limit``, shared
-by the round's relations, see :mod:`factflow.engine.collect`): an operator whose pending
-rows exceed their share (a tiny change with an enormous intermediate result, such as a
-join-at-a-time triangle query's two-step paths) is checkpointed in Spark instead, after
-the round's other operators are committed from the fetch. Spark's own
+instead. What a fetch may bring to the driver is bounded in rows, inside the statement
+(``EngineConfig.fetch_limit``, shared by the round's relations, see
+:mod:`factflow.engine.collect`): an operator whose pending rows exceed their share (a
+tiny change with an enormous intermediate result, such as a join-at-a-time triangle
+query's two-step paths) is checkpointed in Spark instead, after the round's other
+operators are committed from the fetch. Spark's own
 ``spark.driver.maxResultSize`` (factflow's sessions: 512 MiB) is the second bound: a round
 Spark stops at it is checkpointed in Spark as a whole. That one alone did not suffice: it
 is checked on the driver once a task's result has arrived, and a small statement runs in

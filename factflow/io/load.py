@@ -35,7 +35,7 @@ from pyspark.sql import types as T
 from factflow.engine.session import label_jobs
 from factflow.engine.transaction import SLOT, WideFrame
 from factflow.errors import LoadError, UnknownAttributeError
-from factflow.model.types import Kind, spark_type, typed_column
+from factflow.model.types import Kind, ident, spark_type, typed_column
 from factflow.text import plural
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -60,7 +60,7 @@ def _column(frame: DataFrame, name: str, path: str) -> tuple[Column, T.DataType]
     """The column called ``name`` (dots and all) and its type; LoadError if there is none."""
     if name not in frame.columns:
         raise LoadError(f"load {path}: no column {name!r} (columns: {', '.join(frame.columns)})")
-    return F.col("`" + name.replace("`", "``") + "`"), frame.schema[name].dataType
+    return F.col(ident(name)), frame.schema[name].dataType
 
 
 def load(db: "Engine", path: str | Sequence[str] | DataFrame, format: str = "csv", entity: str = "id",

@@ -1,8 +1,9 @@
 """Relational tables as facts: an entity per row, an attribute per column.
 
 A :class:`Table` says how one relational table maps to facts, and :func:`load_table`
-(:func:`load_tables` for several tables in one epoch) applies its rows (from files, a Spark DataFrame or a pandas frame) through
-:meth:`Engine.load <factflow.Engine.load>`, so a table costs what a load costs:
+(:func:`load_tables` for several tables in one epoch) applies its rows (from files, a
+Spark DataFrame or a pandas frame) through :meth:`Engine.load <factflow.Engine.load>`, so
+a table costs what a load costs:
 
 * **Attributes**: column ``c`` of table ``t`` is the attribute ``:t/c``, typed from the
   column's Spark type (integers ``long``; floats and decimals ``double``; text ``string``;
@@ -40,7 +41,7 @@ from pyspark.sql import types as T
 from factflow.errors import LoadError, SchemaError
 from factflow.io.load import LoadReport
 from factflow.model.frames import spark_frame
-from factflow.model.types import FRACTIONAL_TYPES, INTEGRAL_TYPES
+from factflow.model.types import FRACTIONAL_TYPES, INTEGRAL_TYPES, ident
 
 if TYPE_CHECKING:  # pragma: no cover
     from factflow.engine.engine import Engine
@@ -177,15 +178,10 @@ def load_tables(db: "Engine", sources: Sequence[tuple[str | Sequence[str] | Data
     for i, (source, table) in enumerate(sources):
         frame, columns = _facts(db, source, table, format, options)
         aliases = {column: f"__t{i}_{n}" for n, column in enumerate(dict.fromkeys(columns.values()))}
-        parts.append(frame.select(F.col(_ENTITY), *[_column_named(c).alias(a) for c, a in aliases.items()]))
+        parts.append(frame.select(F.col(_ENTITY), *[F.col(ident(c)).alias(a) for c, a in aliases.items()]))
         attributes.update({attribute: aliases[column] for attribute, column in columns.items()})
     frame = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), parts)
     return db.load(frame, entity=_ENTITY, attributes=attributes, added=added)
-
-
-def _column_named(name: str) -> Column:
-    """The column called ``name``, dots and all."""
-    return F.col("`" + name.replace("`", "``") + "`")
 
 
 def _facts(db: "Engine", source: str | Sequence[str] | DataFrame | pd.DataFrame, table: Table, format: str,

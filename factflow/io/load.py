@@ -35,13 +35,19 @@ from pyspark.sql import types as T
 from factflow.engine.session import label_jobs
 from factflow.engine.transaction import SLOT, WideFrame
 from factflow.errors import LoadError, UnknownAttributeError
-from factflow.model.types import Kind, ident, spark_type, typed_column
+from factflow.model.schema import Attribute
+from factflow.model.types import Kind, ident, sql_type, typed_column
 from factflow.text import plural
 
 if TYPE_CHECKING:  # pragma: no cover
     from factflow.engine.engine import Engine
 
 __all__ = ["LoadReport", "load"]
+
+#: columns of the frame :func:`load` checks and unpivots: the entity id as given and as
+#: converted, and per mapped column ``i`` its value as given and as converted (SQL text over
+#: these names is one call into Spark; building the same from Column objects took thousands)
+_RAW_ENTITY, _ENTITY, _RAW, _TYPED = "_raw_e", "_e", "_raw", "_typed"
 
 
 @dataclass
@@ -90,21 +96,13 @@ def load(db: "Engine", path: str | Sequence[str] | DataFrame, format: str = "csv
         except AnalysisException as exc:
             raise LoadError(f"load {path}: Spark cannot read it as {format}: {str(exc).splitlines()[0]}") from None
     raw_e, e_type = _column(frame, entity, what)
-    e = typed_column(raw_e, e_type, "ref")
-    checks = [F.count(F.lit(1)).alias("rows"), F.count(F.when(e.isNull(), 1)).alias("e_bad"),
-              F.first(F.when(e.isNull(), F.coalesce(raw_e.cast("string"), F.lit("null"))), ignorenulls=True)
-              .alias("e_example")]
-    typed = []
+    columns = [raw_e.alias(_RAW_ENTITY), typed_column(raw_e, e_type, "ref").alias(_ENTITY)]
     for i, (attribute, name) in enumerate(resolved):
         raw, source = _column(frame, name, what)
-        value = typed_column(raw, source, attribute.value_type)
-        bad = raw.isNotNull() & value.isNull()
-        checks += [F.count(raw).alias(f"n{i}"), F.count(F.when(bad, 1)).alias(f"bad{i}"),
-                   F.first(F.when(bad, F.struct(raw.cast("string").alias("value"), e.alias("entity"))),
-                           ignorenulls=True).alias(f"example{i}")]
-        typed.append(value)
+        columns += [raw.alias(f"{_RAW}{i}"), typed_column(raw, source, attribute.value_type).alias(f"{_TYPED}{i}")]
+    typed = frame.select(*columns)
     spark.sparkContext.setJobDescription(f"load {what}: check {plural(len(resolved), 'column')}")
-    summary = frame.agg(*checks).first()
+    summary = typed.selectExpr(*_checks(len(resolved))).first()
     if summary["e_bad"]:
         raise LoadError(f"load {what}: entity column {entity!r}: {plural(summary['e_bad'], 'row')} with a missing "
                         f"or non-integer entity id, e.g. {summary['e_example']!r}")
@@ -115,17 +113,32 @@ def load(db: "Engine", path: str | Sequence[str] | DataFrame, format: str = "csv
     if errors:
         raise LoadError(f"load {what} rejected, nothing applied: {'; '.join(errors)}")
     facts = {str(a.name): summary[f"n{i}"] for i, (a, _) in enumerate(resolved)}
-    epoch = db.transact(WideFrame(_wide(frame, e, resolved, typed, added), [a for a, _ in resolved],
+    epoch = db.transact(WideFrame(_wide(typed, [a for a, _ in resolved], added), [a for a, _ in resolved],
                                   sum(facts.values())))
     return LoadReport(epoch, summary["rows"], facts, time.perf_counter() - started)
 
 
-def _wide(frame: DataFrame, entity: Column, resolved: list, typed: list[Column], added: bool) -> DataFrame:
-    """The facts of ``frame`` in the transaction's wide form: per row, one row per non-NULL
-    typed cell, with its attribute's id and the value in the column of its kind."""
-    cells = [F.when(value.isNotNull(), F.struct(
-        F.lit(attribute.id).cast("int").alias("a"),
-        *((value if kind is attribute.kind else F.lit(None)).cast(spark_type(kind)).alias(SLOT[kind]) for kind in Kind)))
-        for (attribute, _), value in zip(resolved, typed)]
-    return (frame.select(entity.alias("e"), F.explode(F.array_compact(F.array(*cells))).alias("f"))
-            .select("f.a", "e", F.lit(1 if added else -1).cast("int").alias("op"), *(f"f.{SLOT[k]}" for k in Kind)))
+def _checks(columns: int) -> list[str]:
+    """Aggregates over :func:`load`'s typed frame: its rows, the entity ids and values that
+    did not convert, and an example of each."""
+    checks = ["count(1) AS rows", f"count(CASE WHEN {_ENTITY} IS NULL THEN 1 END) AS e_bad",
+              f"first(CASE WHEN {_ENTITY} IS NULL THEN coalesce(CAST({_RAW_ENTITY} AS STRING), 'null') END, true) "
+              "AS e_example"]
+    for i in range(columns):
+        bad = f"{_RAW}{i} IS NOT NULL AND {_TYPED}{i} IS NULL"
+        checks += [f"count({_RAW}{i}) AS n{i}", f"count(CASE WHEN {bad} THEN 1 END) AS bad{i}",
+                   f"first(CASE WHEN {bad} THEN named_struct('value', CAST({_RAW}{i} AS STRING), 'entity', {_ENTITY}) "
+                   f"END, true) AS example{i}"]
+    return checks
+
+
+def _wide(typed: DataFrame, attributes: list[Attribute], added: bool) -> DataFrame:
+    """The facts of :func:`load`'s typed frame in the transaction's wide form: per row, one
+    row per non-NULL typed cell, with its attribute's id and the value in the column of its kind."""
+    cells = []
+    for i, attribute in enumerate(attributes):
+        slots = ", ".join(f"'{SLOT[k]}', CAST({f'{_TYPED}{i}' if k is attribute.kind else 'NULL'} AS {sql_type(k)})"
+                          for k in Kind)
+        cells.append(f"CASE WHEN {_TYPED}{i} IS NOT NULL THEN named_struct('a', CAST({attribute.id} AS INT), {slots}) END")
+    return (typed.selectExpr(f"{_ENTITY} AS e", f"explode(array_compact(array({', '.join(cells)}))) AS f")
+            .selectExpr("f.a", "e", f"CAST({1 if added else -1} AS INT) AS op", *(f"f.{SLOT[k]}" for k in Kind)))

@@ -197,18 +197,18 @@ def _facts(db: "Engine", source: str | Sequence[str] | DataFrame | pd.DataFrame,
     else:
         frame = spark.read.format(format).options(**{k: str(v) for k, v in (options or {}).items()}).load(source)
     create_table(db, table, frame.schema)
-    columns = {}
+    columns, ids = {}, {}
     for column in _columns(table, frame.schema):
         reference = table.references.get(column)
         if reference is not None and reference.columns == (column,):
-            frame = frame.withColumn(f"__ref_{column}", entity_id(reference.table, [_key_part(frame, column)]))
+            ids[f"__ref_{column}"] = entity_id(reference.table, [_key_part(frame, column)])
             columns[table.attribute(column)] = f"__ref_{column}"
         else:
             columns[table.attribute(column)] = column
     for name, reference in table.references.items():
         if reference.columns != (name,):
-            parts = [_key_part(frame, c) for c in reference.columns]
-            frame = frame.withColumn(f"__ref_{name}", entity_id(reference.table, parts))
+            ids[f"__ref_{name}"] = entity_id(reference.table, [_key_part(frame, c) for c in reference.columns])
             columns[table.attribute(name)] = f"__ref_{name}"
-    frame = frame.withColumn(_ENTITY, entity_id(table.name, [_key_part(frame, c) for c in table.key]))
+    ids[_ENTITY] = entity_id(table.name, [_key_part(frame, c) for c in table.key])
+    frame = frame.withColumns(ids)  # one projection: each withColumn is analysed on its own
     return frame, columns

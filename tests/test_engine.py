@@ -90,6 +90,41 @@ def test_an_install_over_small_state_runs_as_a_small_epoch(spark):
     assert len(seen[3][2]) > 1 and all(d.endswith("(pending)") for d in seen[3][2])
 
 
+@pytest.mark.parametrize("local_limit", [20_000, 50])
+def test_a_small_transaction_reads_only_the_state_of_its_entities(spark, monkeypatch, local_limit):
+    """A small transaction's effective changes read the current state of the entities it
+    touches, not every row of the attributes it writes: from state held on the driver
+    (the default limit) those rows are selected there, from stored state (a limit of 50)
+    every attribute is probed in one Python worker. Either way the changes are exact."""
+    from factflow import Engine, EngineConfig
+    from factflow.arrangement import index
+
+    runs = []
+    original = index.TaggedProbes.run
+    monkeypatch.setattr(index.TaggedProbes, "run", lambda self, prefix: runs.append(set(self.probes)) or
+                        original(self, prefix))
+    n = 2_000
+    with Engine(spark=spark, config=EngineConfig(local_limit=local_limit)) as db:
+        db.create_attribute(":p/name", type="string", semantics="one")
+        db.create_attribute(":p/age", type="long", semantics="one")
+        db.create_attribute(":p/tag", type="string")
+        db.transact(pd.DataFrame({"e": list(range(n)) * 3,
+                                  "a": [":p/name"] * n + [":p/age"] * n + [":p/tag"] * n,
+                                  "v": [f"n{i}" for i in range(n)] + list(range(n)) + [f"t{i % 7}" for i in range(n)]}))
+        db.wait_for_maintenance()
+        q = db.query("[:find ?e ?n ?a :where [?e :p/name ?n] [?e :p/age ?a] [(< ?e 12)]]")
+        runs.clear()
+        db.transact([add(7, ":p/name", "Seven"), add(8, ":p/tag", "new"), retract(9, ":p/age", 9),
+                     add(10, ":p/tag", "t3"), add(11, ":p/age", 11)])  # the last two change nothing
+        report = db.epoch_log[-1]
+        assert report.changes == 4  # name replaced (2), a tag added, an age retracted
+        read = [j.rows_read for j in report.jobs if j.description.endswith("effective changes")]
+        assert len(read) == 1 and read[0] < 50, read
+        assert q.results() == {(e, "Seven" if e == 7 else f"n{e}", e): 1 for e in range(12) if e != 9}
+        ids = {db.schema.get(a).id for a in (":p/name", ":p/age", ":p/tag")}
+        assert runs == ([] if local_limit == 20_000 else [ids])
+
+
 def test_subscriptions_deliver_consolidated_changes_that_add_up(people):
     q = people.query("[:find ?p ?n :where [?p :person/name ?n]]")
     seen = []

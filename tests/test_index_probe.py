@@ -14,7 +14,7 @@ import pyarrow as pa
 import pytest
 
 from factflow.arrangement.index import (
-    KEY_HASH, PROBE_HASH, PROBE_PART, Probe, ProbeChain, arrow_schema, long_hash, long_partition_hash,
+    KEY_HASH, PROBE_HASH, PROBE_PART, Probe, ProbeChain, TaggedProbes, arrow_schema, long_hash, long_partition_hash,
 )
 from factflow.model.types import Kind
 from factflow.storage.location import Location
@@ -163,6 +163,34 @@ def test_a_chain_probes_the_product_of_the_probe_before(tmp_path):
         assert run(ProbeChain([first, second], slice_rows), starts) == sorted(by_steps)
     assert sorted(by_steps) == sorted([(1, 2, 1, 4, 1), (1, 2, 1, 5, 2), (1, 3, 1, 4, 1), (1, 3, 1, 4, -1),
                                       (2, 4, 3, 1, 1)])
+
+
+def test_tagged_probes_look_each_row_up_in_the_trace_its_tag_names(files):
+    """Two traces in one task: the string trace of ``files`` and a local trace of longs. Each
+    prefix row is looked up in its tag's trace only, its value lands in that trace's output
+    column, the other value column is NULL; a tag without rows, a key in the other trace
+    only and an absent key give nothing."""
+    numbers = arrow_schema([("e", Kind.LONG), ("v", Kind.LONG), ("_t", Kind.LONG), ("_diff", Kind.LONG)])
+    local = pa.Table.from_pydict({"e": [3, 9, 9], "v": [30, 90, 91], "_t": [1, 1, 20], "_diff": [1, 1, 1]},
+                                 schema=numbers)
+
+    def semi(files, local, schema):
+        return Probe(files=[(Location(os.path.dirname(p)), os.path.basename(p)) for p in files], local=local,
+                     trace_schema=schema, prefix_columns=[("e", Kind.LONG), ("_diff", Kind.LONG)],
+                     hash_on=[("e", "e")], join_on=[("e", "e")], values=[("v", "v")], as_of=10, how="semi")
+
+    probes = TaggedProbes({1: semi(files, [], TRACE_SCHEMA), 2: semi([], [local], numbers), 3: semi([], [], numbers)},
+                          "a", {1: "vs", 2: "vl", 3: "vl"}, [("vl", Kind.LONG), ("vs", Kind.STRING)])
+    rows = [(1, 1), (1, 3), (1, 9), (2, 9), (2, 4), (2, 3)]
+    table = pa.table({"a": pa.array([r[0] for r in rows], pa.int32()), "e": [r[1] for r in rows],
+                      "_diff": [1] * len(rows), PROBE_HASH: [weak_hash(r[1]) for r in rows],
+                      PROBE_PART: pa.array([0] * len(rows), pa.int32())})
+    out = pa.Table.from_batches(list(probes(iter(table.to_batches()))), schema=arrow_schema(probes.output))
+    assert probes.output == [("a", Kind.LONG), ("e", Kind.LONG), ("vl", Kind.LONG), ("vs", Kind.STRING),
+                             ("_tdiff", Kind.LONG)]
+    assert sorted(tuple(r.values()) for r in out.to_pylist()) == [
+        (1, 1, None, "x", -1), (1, 1, None, "x", 1), (1, 1, None, "x2", 1), (1, 3, None, "z", 1),
+        (2, 3, 30, None, 1), (2, 9, 90, None, 1)]
 
 
 def test_long_hash_leaves_the_hash_as_it_is_at_a_null():

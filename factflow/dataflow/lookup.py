@@ -22,14 +22,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Sequence
 
 from factflow.arrangement.batch import DIFF
-from factflow.arrangement.index import PROBE_HASH, PROBE_PART, TRACE_DIFF, Probe, ProbeChain, hash_sql, partition_hash_sql
+from factflow.arrangement.index import (PROBE_HASH, PROBE_PART, TRACE_DIFF, Probe, ProbeChain, TaggedProbes, hash_sql,
+                                        partition_hash_sql)
 from factflow.arrangement.trace import TraceHandle
 from factflow.dataflow import zset
 from factflow.dataflow.context import EpochContext
 from factflow.dataflow.zset import ident
 from factflow.model.types import Kind
 
-__all__ = ["probe", "probe_product", "TRACE_DIFF"]
+__all__ = ["probe", "probe_product", "probe_tagged", "TRACE_DIFF"]
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame
@@ -70,6 +71,24 @@ def probe_product(cx: EpochContext, handle: TraceHandle, prefix: str, prefix_col
     product = cx.define(zset.select(cx.register(chain.run(source)), names, diff=f"{ident(DIFF)} * {ident(TRACE_DIFF)}"))
     cx.chains[product] = (source, chain)
     return product
+
+
+def probe_tagged(cx: EpochContext, prefix: str, tag: str, key: str, handles: dict[int, TraceHandle], value: str,
+                 columns: dict[int, str], value_columns: Sequence[tuple[str, Kind]],
+                 as_of: int) -> tuple[str | None, set[int]]:
+    """The rows of ``prefix`` (columns ``tag``, ``key``, a LONG, and ``_diff``) whose tag is
+    ``t`` looked up by ``key`` in ``handles[t]``'s trace as of ``as_of``, each trace's column
+    ``value`` going to output column ``columns[t]``, every handle a probe applies to in one
+    Python worker (:class:`factflow.arrangement.index.TaggedProbes`). Returns the relation
+    (``tag``, ``key``, ``value_columns``, ``_tdiff``) and the tags it covers: (None, no
+    tags) when a probe applies to none."""
+    specs = {t: spec for t, handle in handles.items()
+             if (spec := _spec(cx, handle, [(key, Kind.LONG)], [(key, key)], [(value, value)], as_of, "semi",
+                               False)) is not None}
+    if not specs:
+        return None, set()
+    probes = TaggedProbes(specs, tag, {t: columns[t] for t in specs}, list(value_columns))
+    return cx.register(probes.run(_hashed(cx, prefix, next(iter(specs.values()))))), set(specs)
 
 
 def _spec(cx: EpochContext, handle: TraceHandle, prefix_columns: Sequence[tuple[str, Kind]],

@@ -27,11 +27,10 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from factflow.arrangement import bound
-from factflow.arrangement.batch import DIFF
+from factflow.arrangement.batch import DIFF, local_relation
 from factflow.arrangement.views import drop_view
-from factflow.arrangement.trace import TraceHandle
 from factflow.dataflow.context import EpochContext
-from factflow.dataflow.lookup import TRACE_DIFF, probe
+from factflow.dataflow.lookup import probe_tagged
 from factflow.engine import transaction
 from factflow.engine.session import label_jobs
 from factflow.errors import TransactionError
@@ -64,9 +63,9 @@ def apply_changes(state: "EngineState", prepared: transaction.PreparedTransactio
     tx_view, registered = prepared.relation(spark)
     cx = EpochContext(epoch, spark, small=prepared.small)
     try:
-        current = {a.id: _current_state(cx, state.tx_handles[a.id], tx_view, a, epoch - 1)
-                   for a in prepared.attributes}
-        sql = transaction.effective_changes(tx_view, prepared, current, inline_entities=bound.current() is None)
+        current, probed = _current_states(cx, state, prepared, tx_view, epoch - 1)
+        sql = transaction.effective_changes(tx_view, prepared, current, inline_entities=bound.current() is None,
+                                            probed=probed)
         changed = {} if sql is None else (
             _apply_small(state, sql, prepared, epoch, watched) if prepared.small
             else _apply_bulk(state, sql, epoch, watched))
@@ -84,16 +83,34 @@ def apply_changes(state: "EngineState", prepared: transaction.PreparedTransactio
     return changed, watched
 
 
-def _current_state(cx: EpochContext, handle: TraceHandle, tx_view: str, attribute: Attribute, as_of: int) -> str:
-    """The forward index of ``attribute`` as of ``as_of``: in a small epoch, only the rows
-    of the entities the transaction touches, probed by key (see
-    :mod:`factflow.dataflow.lookup`); otherwise the whole index."""
-    entities = (f"(SELECT DISTINCT `e`, CAST(1 AS BIGINT) AS `{DIFF}` FROM {tx_view} "
-                f"WHERE `a` = {attribute.id} AND `e` IS NOT NULL)")
-    probed = probe(cx, handle, entities, [("e", Kind.LONG)], [("e", "e")], [("v", "v")], as_of, how="semi")
-    if probed is None:
-        return handle.read(as_of)
-    return f"(SELECT `e`, `v`, `{TRACE_DIFF}` AS `{DIFF}` FROM {probed})"
+def _current_states(cx: EpochContext, state: "EngineState", prepared: transaction.PreparedTransaction, tx_view: str,
+                    as_of: int) -> tuple[dict[int, str], str | None]:
+    """The forward indexes as of ``as_of`` of the attributes the transaction writes: per
+    attribute id a SQL relation ``(e, v, _diff)``, and one relation in the transaction's
+    wide form (``a``, ``e``, the value slots, ``_tdiff``) for the attributes not in the
+    first. A bulk transaction reads every index whole. A small one reads only the rows of
+    the entities it touches: selected on the driver from an index that is all local,
+    looked up in the others' index files by one probe for all of them (see
+    :func:`factflow.dataflow.lookup.probe_tagged`)."""
+    handles = {a.id: state.tx_handles[a.id] for a in prepared.attributes}
+    if not (cx.small and prepared.entities is not None):
+        return {aid: handle.read(as_of) for aid, handle in handles.items()}, None
+    current = {}
+    for aid, handle in handles.items():
+        rows = handle.local_rows(as_of, "e", prepared.entities.get(aid, []))
+        if rows is not None:
+            relation, view = local_relation(cx.spark, rows, handle.layout.spark_schema())
+            if view is not None:
+                cx.views.append(view)
+            current[aid] = relation
+    rest = {aid: handle for aid, handle in handles.items() if aid not in current}
+    keys = (f"(SELECT DISTINCT `a`, `e`, CAST(1 AS BIGINT) AS `{DIFF}` FROM {tx_view} "
+            f"WHERE `a` IN ({', '.join(map(str, rest)) or 'NULL'}) AND `e` IS NOT NULL)")
+    columns = {a.id: transaction.SLOT[a.kind] for a in prepared.attributes}
+    probed, covered = probe_tagged(cx, keys, "a", "e", rest, "v", columns,
+                                   [(transaction.SLOT[k], k) for k in Kind], as_of)
+    current.update({aid: handle.read(as_of) for aid, handle in rest.items() if aid not in covered})
+    return current, probed
 
 
 _EXCLUDED_RULES = "spark.sql.optimizer.excludedRules"

@@ -49,6 +49,7 @@ from pyspark.sql import types as T
 from factflow import edn
 from factflow.edn import Keyword, Symbol
 from factflow.arrangement.batch import DIFF, local_relation
+from factflow.arrangement.index import TRACE_DIFF
 from factflow.arrangement.views import register_view
 from factflow.errors import EdnSyntaxError, TransactionError, UnknownAttributeError
 from factflow.model.frames import in_session
@@ -571,14 +572,18 @@ def _ids(attributes: Sequence[Attribute]) -> str:
 
 
 def _present(sql: Statement, tx_view: str, tx: PreparedTransaction, current: dict[int, str],
-             inline_entities: bool) -> str:
+             inline_entities: bool, probed: str | None) -> str:
     """The current facts ``(a, e, <value slots>, n_add, n_ret, cur)`` of the entities the
     transaction touches, every attribute's in the wide form. A small transaction restricts
     each attribute's state by its own entities (a list, or a semi join); a bulk one
     restricts their union once, by a semi join with the transaction's distinct ``(a, e)``,
-    so that the transaction is read once, not once per attribute."""
+    so that the transaction is read once, not once per attribute. ``probed`` rows are
+    restricted to the touched entities already."""
     parts = []
-    for attribute in tx.attributes:
+    if probed is not None:
+        parts.append(f"SELECT CAST(`a` AS INT) AS `a`, `e`, {', '.join(f'`{SLOT[k]}`' for k in Kind)}, 0L AS `n_add`, "
+                     f"0L AS `n_ret`, `{TRACE_DIFF}` AS `cur` FROM {probed}")
+    for attribute in (a for a in tx.attributes if a.id in current):
         slots = ", ".join(f"CAST({'c.`v`' if k is attribute.kind else 'NULL'} AS {sql_type(k)}) AS `{SLOT[k]}`"
                           for k in Kind)
         entities = tx.entities.get(attribute.id) if tx.entities is not None and inline_entities else None
@@ -593,7 +598,7 @@ def _present(sql: Statement, tx_view: str, tx: PreparedTransaction, current: dic
 
 
 def _changes(sql: Statement, tx_view: str, tx: PreparedTransaction, current: dict[int, str],
-             inline_entities: bool) -> str:
+             inline_entities: bool, probed: str | None) -> str:
     """Effective changes and errors ``(a, e, <value slots>, _diff, err)`` of every attribute
     the transaction touches, in one pass over the transaction.
 
@@ -610,7 +615,7 @@ def _changes(sql: Statement, tx_view: str, tx: PreparedTransaction, current: dic
     ids = [a.id for a in tx.attributes]
     rows = (f"SELECT `a`, `e`, {slots}, CAST(`op` = 1 AS BIGINT) AS `n_add`, CAST(`op` = -1 AS BIGINT) AS `n_ret`, "
             f"0L AS `cur` FROM {tx_view} WHERE `a` IN ({', '.join(map(str, ids))}) AND `e` IS NOT NULL "
-            f"AND ({has_value}) UNION ALL SELECT * FROM {_present(sql, tx_view, tx, current, inline_entities)}")
+            f"AND ({has_value}) UNION ALL SELECT * FROM {_present(sql, tx_view, tx, current, inline_entities, probed)}")
     spread = "" if tx.small else " DISTRIBUTE BY `a`, `e`"
     facts = (f"SELECT `a`, `e`, {slots}, SUM(`n_add`) AS `n_add`, SUM(`n_ret`) AS `n_ret`, SUM(`cur`) AS `cur` "
              f"FROM (SELECT * FROM {sql.define(rows)}{spread}) GROUP BY `a`, `e`, {slots}")
@@ -640,12 +645,15 @@ def _changes(sql: Statement, tx_view: str, tx: PreparedTransaction, current: dic
 
 
 def effective_changes(tx_view: str, tx: PreparedTransaction, current: dict[int, str],
-                      inline_entities: bool = True) -> str | None:
+                      inline_entities: bool = True, probed: str | None = None) -> str | None:
     """SQL of one wide relation with every attribute's effective changes and every error found.
 
     ``tx_view`` is SQL reading the transaction's rows (see
     :meth:`PreparedTransaction.relation`); ``current`` maps attribute ids to
-    their forward index as of the previous epoch; ``inline_entities=False`` keeps the
+    their forward index as of the previous epoch, and ``probed``, when given, holds the
+    current rows of the touched entities of the attributes ``current`` leaves out (``a``, ``e``,
+    the value slots, ``_tdiff``: see :func:`factflow.engine.apply.apply_changes`);
+    ``inline_entities=False`` keeps the
     touched entities out of the text (a semi join instead of a list), so that the text
     depends on the transaction's shape only (see :mod:`factflow.arrangement.bound`). Columns: ``a, e, <value slots>, _diff,
     err`` (``err`` is NULL on change rows, and the only non-NULL value column is the one
@@ -658,7 +666,7 @@ def effective_changes(tx_view: str, tx: PreparedTransaction, current: dict[int, 
         slots = [f"CAST(NULL AS {sql_type(k)}) AS `{SLOT[k]}`" for k in Kind]
         parts.append(f"SELECT `a`, `e`, {', '.join(slots)}, 0L AS `{DIFF}`, `{ERR}` FROM ({errors})")
     if tx.attributes:
-        parts.append(f"SELECT * FROM {_changes(sql, tx_view, tx, current, inline_entities)}")
+        parts.append(f"SELECT * FROM {_changes(sql, tx_view, tx, current, inline_entities, probed)}")
     if not parts:
         return None
     return sql.render(" UNION ALL ".join(f"({p})" for p in parts))

@@ -694,6 +694,28 @@ def test_count_sum_and_avg_follow_from_the_change_alone(spark):
             assert q.results() == {(c, k, t, t / k): 1 for c, (k, t) in expected.items()}
 
 
+def test_a_change_joined_with_a_computed_value_probes_its_input(spark, monkeypatch):
+    """A change joined with a collection whose tuples carry a computed value (``[(+ ?x 1)
+    ?y]``, in a join-at-a-time plan) looks up the input by key and computes the value for
+    the matches only, not for every tuple of the input (state stored and probed: a local
+    limit of 100): the epoch reads no trace whole."""
+    from factflow import Engine, EngineConfig
+    from factflow.arrangement.trace import TraceHandle
+
+    n = 2_000
+    with Engine(spark=spark, config=EngineConfig(local_limit=100)) as db:
+        db.create_attribute(":p/x", type="long", semantics="one")
+        db.create_attribute(":p/t", type="string", semantics="one")
+        db.transact(pd.DataFrame({"e": list(range(n)), "a": [":p/x"] * n, "v": list(range(n))}))
+        q = db.query("[:find ?e ?y ?t :where [?e :p/x ?x] [(+ ?x 1) ?y] [?e :p/t ?t]]", join="binary")
+        whole = []
+        read = TraceHandle.read
+        monkeypatch.setattr(TraceHandle, "read", lambda self, as_of: whole.append(self.name) or read(self, as_of))
+        db.transact([add(5, ":p/t", "five"), add(9, ":p/t", "nine")])
+        assert ":p/x forward" not in whole, whole
+        assert q.results() == {(5, 6, "five"): 1, (9, 10, "nine"): 1}
+
+
 def test_aggregate_errors_name_the_aggregate(people):
     with pytest.raises(QueryError, match="sum"):
         people.query("[:find (sum ?n) :where [_ :person/name ?n]]")

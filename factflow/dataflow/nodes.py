@@ -338,11 +338,25 @@ class Bind(Linear):
         return {"name": self.name, "value": self.value, "label": self.label}
 
     def apply(self, relation):
+        return self._bound(relation, self.child.names)
+
+    def _bound(self, relation: str, names: Sequence[str]) -> str:
+        """``relation`` (columns ``names``, the input's among them) with the value bound."""
         if self.rebinds:
             return zset.where(relation, f"{ident(self.name)} = {self.value}")
-        outs = [ident(n) for n in self.child.names] + [f"{self.value} AS {ident(self.name)}", ident(DIFF)]
+        outs = [ident(n) for n in names] + [f"{self.value} AS {ident(self.name)}", ident(DIFF)]
         inner = f"SELECT {', '.join(outs)} FROM {relation}"
         return f"SELECT * FROM ({inner}) WHERE {ident(self.name)} IS NOT NULL"
+
+    def join_into(self, cx, version, frame, frame_columns, on):
+        """Join with the input, then bind (the value reads only the input's columns), so that
+        the input is probed by key where it can be instead of read whole; a join on the
+        bound column itself joins the bound collection."""
+        if self.name in on:
+            return super().join_into(cx, version, frame, frame_columns, on)
+        joined = self.child.join_into(cx, version, frame, frame_columns, on)
+        names = [n for n, _ in frame_columns] + [n for n in self.child.names if n not in on]
+        return cx.define(self._bound(joined, names))
 
     def describe(self):
         return f"Bind {self.label}"

@@ -414,8 +414,7 @@ class TaggedProbes:
     def output(self) -> list[tuple[str, Kind]]:
         """The output columns and their kinds."""
         first = next(iter(self.probes.values()))
-        keys = [(name, kind) for name, kind in first.output[:len(first.join_on)]]
-        return [(self.tag, Kind.LONG), *keys, *self.value_columns, (TRACE_DIFF, Kind.LONG)]
+        return [(self.tag, Kind.LONG), *first.output[:len(first.join_on)], *self.value_columns, (TRACE_DIFF, Kind.LONG)]
 
     def spark_schema(self) -> T.StructType:
         """The schema of the output rows."""
@@ -443,7 +442,7 @@ class TaggedProbes:
                 columns += [value if name == self.columns[tag] else pa.nulls(found.num_rows, arrow_type(kind))
                             for name, kind in self.value_columns]
                 columns.append(found.column(TRACE_DIFF))
-                yield from pa.Table.from_arrays(columns, schema=None, names=target.names).cast(target).to_batches()
+                yield from pa.Table.from_arrays(columns, names=target.names).cast(target).to_batches()
 
 
 # Spark's Murmur3 hash (seed 42) of LONG columns, the 32-bit arithmetic wrapping in uint32

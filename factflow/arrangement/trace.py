@@ -250,8 +250,8 @@ class Trace:
         if not all(b.is_local for b in readable):
             return None
         parts = [b.local[b.local[column].isin(values) & (b.local[TIME] <= as_of)] for b in readable]
-        frame = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0] if parts else None
-        return self.layout.normalize_pandas(frame if frame is not None else pd.DataFrame(columns=self.layout.all_names))
+        frame = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=self.layout.all_names)
+        return self.layout.normalize_pandas(frame)
 
     def index_stored(self, batches: list[Batch] | None = None) -> None:
         """Write the index files of stored batches (default: this trace's) that have none (a

@@ -104,8 +104,10 @@ def _current_states(cx: EpochContext, state: "EngineState", prepared: transactio
                 cx.views.append(view)
             current[aid] = relation
     rest = {aid: handle for aid, handle in handles.items() if aid not in current}
+    if not rest:
+        return current, None
     keys = (f"(SELECT DISTINCT `a`, `e`, CAST(1 AS BIGINT) AS `{DIFF}` FROM {tx_view} "
-            f"WHERE `a` IN ({', '.join(map(str, rest)) or 'NULL'}) AND `e` IS NOT NULL)")
+            f"WHERE `a` IN ({', '.join(map(str, rest))}) AND `e` IS NOT NULL)")
     columns = {a.id: transaction.SLOT[a.kind] for a in prepared.attributes}
     probed, covered = probe_tagged(cx, keys, "a", "e", rest, "v", columns,
                                    [(transaction.SLOT[k], k) for k in Kind], as_of)

@@ -58,6 +58,8 @@ __all__ = ["ClusterUnavailable", "S3Server", "StandaloneCluster", "check_namespa
 
 #: The pip-installed pyspark package: Spark's jars and ``bin/spark-class`` are in it.
 SPARK_HOME = Path(importlib.util.find_spec("pyspark").origin).parent
+#: the project's checkout (its venv and the factflow package the executors import)
+CHECKOUT = Path(__file__).resolve().parents[2]
 
 T = TypeVar("T")
 
@@ -283,8 +285,17 @@ class StandaloneCluster:
             raise RuntimeError(f"worker {i} runs already")
         host = self.worker_host(i)
         self.work_dir(i).mkdir(exist_ok=True)
-        private_tmp = (f"mount -t tmpfs -o size={shlex.quote(self.tmp_size)},mode=1777 factflow-worker-tmp /tmp "
-                       '&& exec "$@"')
+        # what the worker runs from and is under /tmp (a checkout there: its venv holds Spark,
+        # the interpreter and factflow) is set aside before the tmpfs hides it, then bound back
+        kept = _under_tmp(CHECKOUT, SPARK_HOME, Path(sys.prefix))
+        holds = [self.base_dir / f"kept-{i}-{j}" for j in range(len(kept))]
+        for hold in holds:
+            hold.mkdir(exist_ok=True)
+        aside = "".join(f"mount --bind {shlex.quote(str(p))} {shlex.quote(str(h))} && " for p, h in zip(kept, holds))
+        back = "".join(f"mkdir -p {shlex.quote(str(p))} && mount --bind {shlex.quote(str(h))} {shlex.quote(str(p))} && "
+                       for p, h in zip(kept, holds))
+        private_tmp = (f"{aside}mount -t tmpfs -o size={shlex.quote(self.tmp_size)},mode=1777 factflow-worker-tmp /tmp "
+                       f'&& {back}exec "$@"')
         worker = [str(SPARK_HOME / "bin" / "spark-class"), "org.apache.spark.deploy.worker.Worker",
                   "--host", host, "--cores", "1", "--memory", self.worker_memory, "--work-dir", str(self.work_dir(i)),
                   "--webui-port", "0", self.master_url]
@@ -520,3 +531,9 @@ def _tail(path: Path, size: int = 4000) -> str:
         return path.read_bytes()[-size:].decode(errors="replace")
     except OSError as exc:
         return f"({exc})"
+
+
+def _under_tmp(*paths: Path) -> list[Path]:
+    """The outermost of ``paths`` that lie under ``/tmp`` (a worker's private ``/tmp`` hides them)."""
+    found = sorted({p.resolve() for p in paths if Path("/tmp") in p.resolve().parents})
+    return [p for p in found if not any(q in p.parents for q in found)]

@@ -70,3 +70,18 @@ def test_entries_whose_inlining_copies_much_text_are_computed_once(monkeypatch):
     # 2 and 4 times, and __r1 (310 characters) 8 times: computed once too
     assert once == {"__r1", "__r4"}
     assert entries["__r4"].startswith("(SELECT * FROM (SELECT l.`x` FROM __r3 l JOIN __r3 r")
+
+
+def test_an_entry_read_twice_that_probes_a_trace_is_computed_once_in_a_short_statement():
+    s = Statement()
+    looked_up = s.define("SELECT `k`, `_diff` FROM ff_q17")  # a probe's view (EpochContext.register)
+    kept = s.define(f"SELECT * FROM {looked_up} WHERE `k` > 0")
+    plain = s.define("SELECT 1 AS `k`, 1L AS `_diff`")
+    sql = s.render(f"SELECT l.`k` FROM {kept} l JOIN {kept} r ON l.`k` = r.`k` "
+                   f"JOIN {plain} a ON a.`k` = l.`k` JOIN {plain} b ON b.`k` = r.`k`")
+    entries = dict(line.removeprefix("WITH ").rstrip(",").split(" AS ", 1) for line in sql.split("\n")[:-1])
+    # the entry over the probe is read twice: computed once, and the probe runs once; the
+    # constant one is read twice too, but costs nothing to copy: inlined as before
+    assert set(entries) == {"__r2", "__r3"}
+    assert entries["__r2"].endswith(" WHERE rand() >= 0)")
+    assert "rand()" not in entries["__r3"]

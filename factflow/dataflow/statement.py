@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from typing import Callable
 
 from factflow.arrangement.views import one_partition
 
@@ -19,6 +20,8 @@ _NOT_ALIAS = re.compile(r"\s*(?:$|[),]|(?:AS|ON|WHERE|GROUP|HAVING|ORDER|LIMIT|U
 #: instead: those whose inlining would copy more than ``INLINED_ENTRY_CHARACTERS`` (see :class:`Statement`)
 INLINED_STATEMENT_CHARACTERS = 250_000
 INLINED_ENTRY_CHARACTERS = 2_000
+#: the views an evaluation registers for its probes (``EpochContext.register``)
+_PROBE_VIEW = re.compile(r"\bff_q\d+\b")
 #: a ``WITH`` entry Spark computes once: a non-deterministic condition (always true) keeps
 #: Spark's optimizer from inlining it where it is read
 _COMPUTED_ONCE = "SELECT * FROM ({}) WHERE rand() >= 0"
@@ -48,6 +51,13 @@ class Statement:
     (:mod:`factflow.arrangement.bound`), and computing entries once in the small epochs of
     five or twenty LDBC queries (at most 130,000 characters inlined) made their 100-change
     epochs 3-4x slower.
+
+    Whatever the statement's length, an entry read more than once that probes a trace (reads
+    a view :class:`~factflow.dataflow.context.EpochContext` registered for a probe, directly
+    or through another entry) is computed once: inlined, every copy ran its probes again,
+    each a Python worker in the statement's task (one small epoch of TPC-H's Q1, a pipeline
+    of lookups whose every step keeps its state, ran 81 probes). Such a statement is never
+    kept for later epochs anyway (its probes' views last one epoch).
 
     A ``single_partition`` statement (a small epoch's, planned with
     ``EngineConfig.small_conf``, whose local relations are coalesced into one partition
@@ -113,31 +123,37 @@ class Statement:
 
     def _computed_once(self, body: str, texts: dict[str, str], parents_first: list[str]) -> set[str]:
         """The ``WITH`` entries (``texts``, in ``parents_first`` order) that Spark is to compute
-        once rather than inline (see :class:`Statement`): none while the statement with every
-        entry inlined has at most :data:`INLINED_STATEMENT_CHARACTERS`, else each entry whose
-        inlining would copy more than :data:`INLINED_ENTRY_CHARACTERS`."""
+        once rather than inline (see :class:`Statement`): the entries read more than once that
+        probe a trace; and, when the statement with the others inlined would have more than
+        :data:`INLINED_STATEMENT_CHARACTERS`, each entry whose inlining would copy more than
+        :data:`INLINED_ENTRY_CHARACTERS`."""
         read_by_body = self._names(body)
         children = {name: self._names(texts[name]) for name in parents_first}
-        reads, _ = _reads(read_by_body, children, texts, once_above=None)
+        probing: set[str] = set()
+        for name in reversed(parents_first):  # children first
+            if _PROBE_VIEW.search(texts[name]) or any(child in probing for child in children[name]):
+                probing.add(name)
+        reads, once = _reads(read_by_body, children, lambda name, read: read > 1 and name in probing)
         if len(body) + sum(reads[name] * len(texts[name]) for name in parents_first) <= INLINED_STATEMENT_CHARACTERS:
-            return set()
-        return _reads(read_by_body, children, texts, once_above=INLINED_ENTRY_CHARACTERS)[1]
+            return once
+        return _reads(read_by_body, children, lambda name, read: (
+            (read > 1 and name in probing) or (read - 1) * len(texts[name]) > INLINED_ENTRY_CHARACTERS))[1]
 
     def _names(self, text: str) -> list[str]:
         """The subquery names ``text`` refers to, once per reference (not inside quotes)."""
         return [m.group(1) for m in _TOKEN.finditer(text) if m.group(1) in self._defs]
 
 
-def _reads(read_by_body: list[str], children: dict[str, list[str]], texts: dict[str, str],
-           once_above: int | None) -> tuple[Counter[str], set[str]]:
+def _reads(read_by_body: list[str], children: dict[str, list[str]],
+           computed_once: Callable[[str, int], bool]) -> tuple[Counter[str], set[str]]:
     """How many times Spark reads each ``WITH`` entry (``children``: the entries each one
-    reads, parents first), and the entries computed once: those whose text times their
-    reads, less one, exceeds ``once_above`` (None: no entry). An entry computed once reads
-    what it refers to once; an inlined one as often as it is read."""
+    reads, parents first), and the entries computed once: those for which
+    ``computed_once(name, reads)`` holds. An entry computed once reads what it refers to
+    once; an inlined one as often as it is read."""
     reads: Counter[str] = Counter(read_by_body)
     once: set[str] = set()
     for name, read in children.items():
-        if once_above is not None and (reads[name] - 1) * len(texts[name]) > once_above:
+        if computed_once(name, reads[name]):
             once.add(name)
         for child in read:
             reads[child] += 1 if name in once else reads[name]

@@ -243,3 +243,27 @@ def test_the_partition_hash_is_sparks(spark):
     table = pa.table({"a": [r[0] for r in rows], "b": [r[1] for r in rows]}, schema=pa.schema(
         [("a", pa.int64()), ("b", pa.int64())]))
     assert list(long_partition_hash([table.column("a"), table.column("b")])) == expected
+
+
+def test_an_evaluation_persists_the_probes_its_statement_reads_more_than_once(spark):
+    """A probe whose view another probe's prefix reads, and the statement reads too, is
+    persisted for the evaluation (so it runs once); one read once is not; releasing the
+    evaluation unpersists it and drops the views."""
+    from factflow.dataflow.context import EpochContext
+
+    def same(batches):
+        yield from batches
+
+    cx = EpochContext(1, spark, small=True)
+    first = spark.range(10).mapInArrow(same, "id long")
+    below = cx.register(first)
+    second = spark.sql(f"SELECT * FROM {below} WHERE id > 2").mapInArrow(same, "id long")
+    above = cx.register(second)
+    statement = spark.sql(f"SELECT * FROM {below} UNION ALL SELECT * FROM {above}")
+    cx.persist_shared(statement)
+    assert first.is_cached and not second.is_cached
+    assert statement._jdf.queryExecution().executedPlan().toString().count("InMemoryTableScan") == 2
+    assert sorted(r.id for r in statement.collect()) == sorted(list(range(10)) + list(range(3, 10)))
+    cx.release()
+    assert not first.is_cached
+    assert not any(spark.catalog.tableExists(view) for view in (below, above))

@@ -46,7 +46,7 @@ from collections import OrderedDict
 from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import pyarrow as pa
 
@@ -154,8 +154,9 @@ class Binder:
             self._bound[id(owner)] = (owner, relation)  # holding the owner keeps its id unique
         return relation
 
-    def run(self, sql: str) -> pa.Table:
-        """The rows of ``sql`` as Arrow, from the plan kept for this text when there is one."""
+    def run(self, sql: str, prepare: "Callable[[DataFrame], None] | None" = None) -> pa.Table:
+        """The rows of ``sql`` as Arrow, from the plan kept for this text when there is one;
+        ``prepare`` is called with a DataFrame planned anew before it runs."""
         lasting = lasting_views()
         for text in [t for t, (_, views) in self._plans.items() if not views <= lasting]:
             self._forget(text)
@@ -165,6 +166,8 @@ class Binder:
             self.reused += 1
             return kept[0].toArrow()
         frame = self.spark.sql(sql)
+        if prepare is not None:
+            prepare(frame)
         table = frame.toArrow()
         self.planned += 1
         views = frozenset(_VIEWS.findall(sql))
@@ -220,7 +223,13 @@ def binding(binder: Binder | None) -> Iterator[None]:
         _current.reset(token)
 
 
-def run(spark: "SparkSession", sql: str) -> pa.Table:
-    """The rows of ``sql`` as Arrow: through the active binder's kept plans, if one is active."""
+def run(spark: "SparkSession", sql: str, prepare: "Callable[[DataFrame], None] | None" = None) -> pa.Table:
+    """The rows of ``sql`` as Arrow: through the active binder's kept plans, if one is active.
+    ``prepare`` is called with the statement's DataFrame before it runs, unless a kept plan runs."""
     binder = current()
-    return binder.run(sql) if binder is not None else spark.sql(sql).toArrow()
+    if binder is not None:
+        return binder.run(sql, prepare)
+    frame = spark.sql(sql)
+    if prepare is not None:
+        prepare(frame)
+    return frame.toArrow()

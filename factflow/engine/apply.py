@@ -67,11 +67,12 @@ def apply_changes(state: "EngineState", prepared: transaction.PreparedTransactio
         sql = transaction.effective_changes(tx_view, prepared, current, inline_entities=bound.current() is None,
                                             probed=probed)
         changed = {} if sql is None else (
-            _apply_small(state, sql, prepared, epoch, watched) if prepared.small
+            _apply_small(state, cx, sql, prepared, epoch, watched) if prepared.small
             else _apply_bulk(state, sql, epoch, watched))
     finally:
-        for view in cx.views + ([registered] if registered else []):
-            drop_view(spark, view)
+        cx.release()
+        if registered:
+            drop_view(spark, registered)
     for aid, frame in (known or {}).items():
         state.arrangements[aid].apply_pandas(frame, epoch)
         changed[aid] = len(frame)
@@ -138,12 +139,12 @@ def small_statements(spark: SparkSession, settings: tuple[tuple[str, str], ...])
                 conf.set(key, value)
 
 
-def _apply_small(state: "EngineState", sql: str, prepared: transaction.PreparedTransaction,
+def _apply_small(state: "EngineState", cx: EpochContext, sql: str, prepared: transaction.PreparedTransaction,
                  epoch: int, watched: dict[int, pd.DataFrame]) -> dict[int, int]:
     spark = state.spark
     spark.sparkContext.setJobDescription(f"epoch {epoch}: effective changes")
     with small_statements(spark, state.config.small_conf):
-        table = bound.run(spark, sql)
+        table = bound.run(spark, sql, cx.persist_shared)
     _raise_errors(table.filter(pc.is_valid(table.column(transaction.ERR))))
     rows = table.filter(pc.is_null(table.column(transaction.ERR)))
     changed: dict[int, int] = {}

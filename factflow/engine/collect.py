@@ -86,7 +86,7 @@ class Collector:
                 exprs.append(f"CAST({source} AS {sql_type(kind)}) AS {slot}")
             wide.append(f"SELECT {', '.join(exprs)} FROM (SELECT * FROM {relation} LIMIT {share + 1})")
         spark.sparkContext.setJobDescription(description)
-        table = bound.run(spark, cx.statement(" UNION ALL ".join(f"({w})" for w in wide)))
+        table = bound.run(spark, cx.statement(" UNION ALL ".join(f"({w})" for w in wide)), cx.persist_shared)
         out = []
         tags = table.column(_TAG)
         for tag, mapping in enumerate(mappings):

@@ -179,8 +179,9 @@ class Evaluation:
                     self.kept += [node.writer.name for node, _ in steps]
                 self._store(steps, outputs, subscribed, label)
         finally:
-            for view in self._views + self.cx.views:
+            for view in self._views:
                 drop_view(self.spark, view)
+            self.cx.release()
             for stored in self._stored:
                 release_checkpoint(stored)
             if self._writes:

@@ -123,8 +123,6 @@ CATALOG = [
     ("[:find ?n (count ?e) :where [?e :d/name ?n]]", (), "set"),
     ("[:find (count ?a) (count-distinct ?a) (sum ?a) (min ?a) (max ?a) :where [_ :d/age ?a]]", (), "set"),
     ("[:find (count ?a) (sum ?a) :with ?e :where [?e :d/age ?a]]", (), "set"),
-    ("[:find ?t (avg ?a) (sum ?s) (count ?e) :with ?e :where [?e :d/tag ?t] [?e :d/age ?a] [?e :d/score ?s]]", (),
-     "set"),
     ("[:find ?e (avg ?a) (median ?a) (variance ?a) (stddev ?a) :where [?e :d/age ?a]]", (), "set"),
     ("[:find ?t (distinct ?e) (min 2 ?e) (max 2 ?e) :where [?e :d/tag ?t]]", (), "set"),
     ("[:find ?e (sum ?s) (min ?n) :with ?f :where [?e :d/friend ?f] [?f :d/score ?s] [?e :d/name ?n]]", (), "set"),

@@ -657,43 +657,6 @@ def test_aggregates_recompute_touched_groups_and_decode_collections(people):
     assert "Reduce" in q.explain()
 
 
-def test_count_sum_and_avg_follow_from_the_change_alone(spark):
-    """Grouped count, sum and avg are maintained from each epoch's change and the touched
-    groups' sums: an epoch changing one tuple of a group of 1,500 reads a handful of rows
-    (state stored and probed by key: a local limit of 100), where recomputing the group read
-    all of its input. Results equal a recomputation."""
-    from factflow import Engine, EngineConfig
-
-    n = 3_000
-    with Engine(spark=spark, config=EngineConfig(local_limit=100)) as db:
-        db.create_attribute(":p/age", type="long")
-        db.create_attribute(":p/city", type="string", semantics="one")
-        db.transact(pd.DataFrame({"e": list(range(n)) * 2, "a": [":p/city"] * n + [":p/age"] * n,
-                                  "v": ["AB"[i % 2] for i in range(n)] + [i % 50 for i in range(n)]}))
-        q = db.query("[:find ?c (count ?e) (sum ?a) (avg ?a) :with ?e :where [?e :p/city ?c] [?e :p/age ?a]]")
-        assert "Accumulate" in q.explain() and "Reduce" not in q.explain()
-        ages = {e: {e % 50} for e in range(n)}
-        cities = {e: "AB"[e % 2] for e in range(n)}
-        for tx in ([add(4, ":p/age", 1000)], [retract(6, ":p/age", 6), add(7, ":p/city", "A")],
-                   [retract(e, ":p/age", e % 50) for e in range(1, n, 2)]):  # the last empties group B
-            db.transact(tx)
-            for op, e, a, v in tx:
-                if a == ":p/city":
-                    cities[e] = v
-                else:
-                    (ages[e].add if op == ":db/add" else ages[e].discard)(v)
-            report = db.epoch_log[-1]
-            read = [j.rows_read for j in report.jobs if "queries" in j.description]
-            if len(tx) < 3:
-                assert read and max(read) < 100, report.describe()
-            expected = {}
-            for e, values in ages.items():
-                for v in values:
-                    count, total = expected.get(cities[e], (0, 0))
-                    expected[cities[e]] = (count + 1, total + v)
-            assert q.results() == {(c, k, t, t / k): 1 for c, (k, t) in expected.items()}
-
-
 def test_a_change_joined_with_a_computed_value_probes_its_input(spark, monkeypatch):
     """A change joined with a collection whose tuples carry a computed value (``[(+ ?x 1)
     ?y]``, in a join-at-a-time plan) looks up the input by key and computes the value for

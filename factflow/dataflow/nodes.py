@@ -32,7 +32,7 @@ from factflow.dataflow.slots import Allocator, HandleSlot, RowsSlot, TraceSlot, 
 from factflow.dataflow.zset import ident, literal
 from factflow.model.types import Kind
 
-__all__ = ["Node", "Scan", "Static", "Linear", "Filter", "Bind", "Project", "Rename", "Join", "AntiJoin", "Union",
+__all__ = ["Node", "Scan", "Static", "Filter", "Bind", "Project", "Rename", "Join", "AntiJoin", "Union",
            "Arranged", "Distinct", "Stateful", "OUT"]
 
 OUT = "_out"
@@ -281,7 +281,7 @@ class Static(Node):
         return f"Static {self.label}"
 
 
-class Linear(Node):
+class _Linear(Node):
     """An operator applied tuple by tuple: delta and reads are the operator applied to the input's."""
 
     def __init__(self, child: Node):
@@ -302,7 +302,7 @@ class Linear(Node):
         return cx.define(self.apply(self.child.read(cx, version)))
 
 
-class Filter(Linear):
+class Filter(_Linear):
     """Keep tuples satisfying a SQL condition over the input's columns."""
 
     def __init__(self, child: Node, condition: str, label: str):
@@ -325,7 +325,7 @@ class Filter(Linear):
         return f"Filter {self.label}"
 
 
-class Bind(Linear):
+class Bind(_Linear):
     """Bind a computed value to a column (or, if the column exists, keep tuples where it matches)."""
 
     def __init__(self, child: Node, name: str, kind: Kind, value: str, label: str):
@@ -362,7 +362,7 @@ class Bind(Linear):
         return f"Bind {self.label}"
 
 
-class Project(Linear):
+class Project(_Linear):
     """Keep some columns (multiset projection: multiplicities add up, nothing is consolidated)."""
 
     def __init__(self, child: Node, names: Sequence[str]):
@@ -377,7 +377,7 @@ class Project(Linear):
         return "Project"
 
 
-class Rename(Linear):
+class Rename(_Linear):
     """Rename columns (``mapping`` old -> new), dropping the columns it does not name."""
 
     def __init__(self, child: Node, mapping: dict[str, str]):

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from factflow.dataflow import expressions as X
-from factflow.dataflow.aggregate import aggregate_spec, aggregation
+from factflow.dataflow.aggregate import Reduce, aggregate_spec
 from factflow.dataflow.zset import ident, literal
 from factflow.dataflow.nodes import (
     AntiJoin, Arranged, Bind, Filter, Join, Node, Project, Rename, Scan, Stateful, Static, Union,
@@ -461,9 +461,9 @@ def _plan_aggregate_rule(name: str, bodies: Sequence[Rule], pc: PlanContext,
                          stack: tuple[str, ...]) -> tuple[Node, list[Kind]]:
     """The relation of an aggregate rule: its body's distinct bindings (every variable of
     the body, as SQL aggregates rows, not Datomic's ``:find`` the set of find tuples),
-    grouped by the head's plain variables, each aggregate computed per group (see
-    :func:`factflow.dataflow.aggregate.aggregation`). The head lists the aggregates after
-    the plain variables (the parser makes sure), the order of the aggregation's columns."""
+    grouped by the head's plain variables, each aggregate computed per group (a Reduce,
+    which recomputes only the groups a change touches). The head lists the aggregates
+    after the plain variables (the parser makes sure), the order of Reduce's columns."""
     if len(bodies) != 1:
         raise QueryError(f"rule {name}: an aggregate rule has one body, it has {len(bodies)}")
     body = bodies[0]
@@ -487,9 +487,7 @@ def _plan_aggregate_rule(name: str, bodies: Sequence[Rule], pc: PlanContext,
     group = list(named.values())
     slot = pc.private_trace(f"rule {name}", tuple((g, bindings.kind_of(g)) for g in group)
                             + tuple((s.column, s.kind) for s in specs), tuple(group), "intermediate")
-    relation = aggregation(pc.distinct(bindings, f"rule {name} aggregate input"), group, specs, slot,
-                           lambda columns, key: pc.private_trace(f"rule {name} aggregate sums", columns, key,
-                                                                 "intermediate"))
+    relation = Reduce(pc.distinct(bindings, f"rule {name} aggregate input"), group, specs, slot)
     kinds = [k for _, k in relation.columns]
     pc.rule_relations[name] = (relation, kinds)
     return relation, kinds

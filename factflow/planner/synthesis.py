@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from factflow.dataflow.aggregate import aggregate_spec, aggregation
+from factflow.dataflow.aggregate import Reduce, aggregate_spec
 from factflow.dataflow.nodes import Arranged, Distinct, Node, Project, Stateful, Static
 from factflow.errors import QueryError
 from factflow.lang.ast import (
@@ -152,8 +152,7 @@ def _aggregation(query: Query, pc: PlanContext, scope: Scope, projected: Node, f
         specs.append(aggregate_spec(a.fn, a.params, col, projected.kind_of(col), pc.column(a.fn), show(a)))
     slot = pc.private_trace("result", tuple((g, projected.kind_of(g)) for g in group)
                             + tuple((s.column, s.kind) for s in specs), tuple(group), "result")
-    result = aggregation(tuples, group, specs, slot,
-                         lambda columns, key: pc.private_trace("aggregate sums", columns, key, "intermediate"))
+    result = Reduce(tuples, group, specs, slot)
     by_agg = dict(zip(aggregates, specs))
     find = [(e, scope.col(e.var)) if isinstance(e, FindVar) else (e, by_agg[e].column)
             for e in query.find.elements]

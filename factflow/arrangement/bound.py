@@ -165,9 +165,7 @@ class Binder:
             self._plans.move_to_end(sql)
             self.reused += 1
             return kept[0].toArrow()
-        frame = self.spark.sql(sql)
-        if prepare is not None:
-            prepare(frame)
+        frame = _planned(self.spark, sql, prepare)
         table = frame.toArrow()
         self.planned += 1
         views = frozenset(_VIEWS.findall(sql))
@@ -227,9 +225,12 @@ def run(spark: "SparkSession", sql: str, prepare: "Callable[[DataFrame], None] |
     """The rows of ``sql`` as Arrow: through the active binder's kept plans, if one is active.
     ``prepare`` is called with the statement's DataFrame before it runs, unless a kept plan runs."""
     binder = current()
-    if binder is not None:
-        return binder.run(sql, prepare)
+    return binder.run(sql, prepare) if binder is not None else _planned(spark, sql, prepare).toArrow()
+
+
+def _planned(spark: "SparkSession", sql: str, prepare: "Callable[[DataFrame], None] | None") -> "DataFrame":
+    """``sql`` as a DataFrame, given to ``prepare`` (when there is one) before it runs."""
     frame = spark.sql(sql)
     if prepare is not None:
         prepare(frame)
-    return frame.toArrow()
+    return frame

@@ -6,7 +6,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, Callable
 
 from factflow.arrangement.views import drop_view, register_view
-from factflow.dataflow.statement import Statement
+from factflow.dataflow.statement import PROBE_VIEW_PREFIX, Statement
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
@@ -82,7 +82,7 @@ class EpochContext:
     def register(self, frame: "DataFrame") -> str:
         """Name a probe's DataFrame for the SQL of this evaluation (dropped when it ends;
         see :meth:`persist_shared`)."""
-        view = register_view(frame, prefix="ff_q")
+        view = register_view(frame, prefix=PROBE_VIEW_PREFIX)
         self.views.append(view)
         self.probes_registered.append((view, frame))
         return view

@@ -8,7 +8,7 @@ import json
 import pandas as pd
 import pytest
 
-from factflow import Engine, LoadError
+from factflow import Engine, EngineConfig, LoadError
 from factflow.cli import main
 from factflow.io.ldbc import find_ldbc, ldbc_file, load_ldbc
 from oracle import Oracle
@@ -23,9 +23,14 @@ ROWS = [(1, "Ann", 31, 1.5, True, dt.datetime(1990, 1, 2, 3, 4, 5, tzinfo=UTC), 
         (2, "Bob", None, 2.25, False, None, 1),
         (3, None, 40, None, None, dt.datetime(2000, 6, 7, tzinfo=UTC), None)]
 
-def _engine(spark) -> tuple[Engine, set]:
+#: a load of at most ``local_limit`` facts and rows is checked and fetched in one job; one of
+#: more is checked and applied in Spark (``local_limit=2`` sends every load here that way)
+PATHS = {"small": None, "bulk": EngineConfig(local_limit=2)}
+
+
+def _engine(spark, config: EngineConfig | None = None) -> tuple[Engine, set]:
     """An engine with SCHEMA, and the set of facts it holds, kept by attribute feeds."""
-    db = Engine(spark=spark)
+    db = Engine(spark=spark, config=config)
     facts: set = set()
 
     def follow(attribute):
@@ -72,10 +77,11 @@ def _write(tmp_path, spark, fmt: str) -> tuple[str, dict]:
     return path, {}
 
 
-@pytest.mark.parametrize("fmt", ["csv", "json", "parquet"])
-def test_load_maps_columns_to_attributes_in_one_epoch(spark, tmp_path, fmt):
+@pytest.mark.parametrize("fmt,path", [("csv", "small"), ("json", "small"), ("parquet", "small"), ("csv", "bulk")])
+def test_load_maps_columns_to_attributes_in_one_epoch(spark, tmp_path, fmt, path):
+    config = PATHS[path]
     path, options = _write(tmp_path, spark, fmt)
-    db, facts = _engine(spark)
+    db, facts = _engine(spark, config)
     try:
         report = db.load(path, format=fmt, entity="id", attributes=COLUMNS, options=options)
         assert report.epoch == db.epoch == 1  # one epoch
@@ -89,11 +95,31 @@ def test_load_maps_columns_to_attributes_in_one_epoch(spark, tmp_path, fmt):
         db.close()
 
 
-def test_a_value_that_does_not_convert_rejects_the_whole_load(spark, tmp_path):
+@pytest.mark.parametrize("way", sorted(PATHS))
+def test_a_small_load_is_checked_and_fetched_by_one_job(spark, way):
+    frame = spark.createDataFrame(pd.DataFrame(ROWS, columns=["id", *COLUMNS.values()]).astype(
+        {"age": "Int64", "friend": "Int64", "score": "Float64"}))
+    db, facts = _engine(spark, PATHS[way])
+    tracker = spark.sparkContext.statusTracker()
+    try:
+        before = len(tracker.getJobIdsForGroup("factflow-load"))
+        report = db.load(frame, entity="id", attributes=COLUMNS)
+        # a larger load fetches at most the limit, then checks all rows in a second job
+        assert len(tracker.getJobIdsForGroup("factflow-load")) - before == (1 if way == "small" else 2)
+        assert (report.epoch, report.rows) == (1, 3)
+        assert facts == _expected()
+        db.load(frame.where("id = 3"), entity="id", attributes=COLUMNS, added=False)
+        assert facts == {f for f in _expected() if f[0] != 3}
+    finally:
+        db.close()
+
+
+@pytest.mark.parametrize("way", sorted(PATHS))
+def test_a_value_that_does_not_convert_rejects_the_whole_load(spark, tmp_path, way):
     path = str(tmp_path / "bad.csv")
     with open(path, "w") as out:
         out.write("id,name,age,active\n1,Ann,31,true\n2,Bob,abc,false\n3,Cy,4.5,maybe\n4,Di,x,true\n")
-    db, facts = _engine(spark)
+    db, facts = _engine(spark, PATHS[way])
     try:
         with pytest.raises(LoadError) as info:
             db.load(path, entity="id", attributes={":p/name": "name", ":p/age": "age", ":p/active": "active"},

@@ -4,7 +4,7 @@
 reads ``path`` with ``spark.read.format(format).options(**options).load(path)`` (or takes a
 Spark DataFrame given instead of a path), converts the
 entity column to entity ids and each mapped column to its attribute's type
-(:func:`~factflow.model.types.typed_column`), and checks every conversion in one Spark job: a value that does not
+(:func:`~factflow.model.types.typed_column`), and checks every conversion: a value that does not
 convert rejects the load (:class:`LoadError` naming the attribute, the column, how many
 rows, and an example value with its entity), as does a missing or non-integer entity id
 (naming an example). Rows are named by their entity, not by their position: a source
@@ -16,9 +16,13 @@ value in the column of its type), which one :meth:`Engine.transact` applies with
 converting or checking the values again: one epoch, all or nothing. ``added=False``
 retracts the facts instead (a table's rows removed by the rows themselves).
 
-A load costs Spark jobs, not driver work per value: the check, one pass computing the
-effective changes of every attribute at once, and one job per attribute arranging its
-changes (``benchmarks/tpch_stream.py`` measures it on TPC-H's tables).
+A load costs Spark jobs, not driver work per value. A small one (at most
+``EngineConfig.local_limit`` facts and rows: an order with its line items) is checked and
+fetched to the driver in one job, then applied as a small transaction (one more job
+computes its effective changes). A larger one costs that job (which stops at the limit),
+the check over all rows, one pass computing the effective changes of every attribute at
+once, and one job per attribute arranging its changes (``benchmarks/tpch_stream.py``
+measures it on TPC-H's tables).
 """
 
 from __future__ import annotations
@@ -27,13 +31,15 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Mapping, Sequence
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.errors import AnalysisException
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from factflow.engine.session import label_jobs
-from factflow.engine.transaction import SLOT, WideFrame
+from factflow.engine.transaction import SLOT, TX_SCHEMA, WideFrame, WideOps
 from factflow.errors import LoadError, UnknownAttributeError
 from factflow.model.schema import Attribute
 from factflow.model.types import Kind, ident, sql_type, typed_column
@@ -101,8 +107,14 @@ def load(db: "Engine", path: str | Sequence[str] | DataFrame, format: str = "csv
         raw, source = _column(frame, name, what)
         columns += [raw.alias(f"{_RAW}{i}"), typed_column(raw, source, attribute.value_type).alias(f"{_TYPED}{i}")]
     typed = frame.select(*columns)
-    spark.sparkContext.setJobDescription(f"load {what}: check {plural(len(resolved), 'column')}")
-    summary = typed.selectExpr(*_checks(len(resolved))).first()
+    attributes_loaded = [a for a, _ in resolved]
+    spark.sparkContext.setJobDescription(f"load {what}: check and fetch {plural(len(resolved), 'column')} if small")
+    fetched = _fetch_if_small(typed, attributes_loaded, added, db.config.local_limit)
+    if fetched is None:
+        spark.sparkContext.setJobDescription(f"load {what}: check {plural(len(resolved), 'column')}")
+        summary = typed.selectExpr(*_checks(len(resolved))).first()
+    else:
+        summary = _summary(fetched, len(resolved))
     if summary["e_bad"]:
         raise LoadError(f"load {what}: entity column {entity!r}: {plural(summary['e_bad'], 'row')} with a missing "
                         f"or non-integer entity id, e.g. {summary['e_example']!r}")
@@ -113,8 +125,13 @@ def load(db: "Engine", path: str | Sequence[str] | DataFrame, format: str = "csv
     if errors:
         raise LoadError(f"load {what} rejected, nothing applied: {'; '.join(errors)}")
     facts = {str(a.name): summary[f"n{i}"] for i, (a, _) in enumerate(resolved)}
-    epoch = db.transact(WideFrame(_wide(typed, [a for a, _ in resolved], added), [a for a, _ in resolved],
-                                  sum(facts.values())))
+    if fetched is None:
+        tx: WideFrame | WideOps = WideFrame(_wide(typed, attributes_loaded, added), attributes_loaded,
+                                            sum(facts.values()))
+    else:
+        cells = fetched.filter(pc.equal(fetched.column("k"), _FACT)).select(TX_SCHEMA.names)
+        tx = WideOps(cells.to_pandas(integer_object_nulls=True), attributes_loaded)
+    epoch = db.transact(tx)
     return LoadReport(epoch, summary["rows"], facts, time.perf_counter() - started)
 
 
@@ -132,13 +149,61 @@ def _checks(columns: int) -> list[str]:
     return checks
 
 
+#: what a row of :func:`_fetch_if_small`'s frame is: a fact, a value that did not convert, a source row
+_FACT, _BAD, _ROW = 0, 1, 2
+
+
+def _fetch_if_small(typed: DataFrame, attributes: list[Attribute], added: bool, local_limit: int) -> pa.Table | None:
+    """:func:`load`'s check and its facts in one job, when they are few: per source row one
+    row of kind ``_ROW`` (``raw``: the entity as given when it did not convert), per cell one
+    of kind ``_FACT`` (in the transaction's wide form, see :func:`_wide`) or ``_BAD`` (``i``
+    the column's position, ``raw`` the value as given). None when there are more than
+    ``local_limit`` such rows: then the check and the facts stay in Spark."""
+    def cell(kind: int, i: int, aid: int, value_kind: Kind | None, raw: str) -> str:
+        return (f"named_struct('k', {kind}, 'i', {i}, 'a', CAST({aid} AS INT), {_value_slots(i, value_kind)}, "
+                f"'raw', CAST({raw} AS STRING))")
+
+    cells = [f"CASE WHEN {_TYPED}{i} IS NOT NULL THEN {cell(_FACT, i, a.id, a.kind, 'NULL')} "
+             f"WHEN {_RAW}{i} IS NOT NULL THEN {cell(_BAD, i, a.id, None, f'{_RAW}{i}')} END"
+             for i, a in enumerate(attributes)]
+    cells.append(cell(_ROW, -1, 0, None, f"CASE WHEN {_ENTITY} IS NULL THEN coalesce(CAST({_RAW_ENTITY} AS STRING), "
+                                         "'null') END"))
+    table = (typed.selectExpr(f"{_ENTITY} AS e", f"explode(array_compact(array({', '.join(cells)}))) AS f")
+             .selectExpr("f.k", "f.i", "f.a", "e", f"CAST({1 if added else -1} AS INT) AS op",
+                         *(f"f.{SLOT[k]}" for k in Kind), "f.raw")
+             .limit(local_limit + 1).toArrow())
+    return table if table.num_rows <= local_limit else None
+
+
+def _summary(fetched: pa.Table, columns: int) -> dict:
+    """What :func:`_checks` computes, from the rows :func:`_fetch_if_small` fetched."""
+    kind = fetched.column("k")
+    rows = fetched.filter(pc.equal(kind, _ROW))
+    bad_entities = rows.filter(pc.is_valid(rows.column("raw")))
+    summary = {"rows": rows.num_rows, "e_bad": bad_entities.num_rows,
+               "e_example": bad_entities.column("raw")[0].as_py() if bad_entities.num_rows else None}
+    cells = fetched.filter(pc.less(kind, _ROW))
+    counts = {(c["i"], c["k"]): c["k_count"] for c in cells.group_by(["i", "k"]).aggregate([("k", "count")]).to_pylist()}
+    for i in range(columns):
+        bad = counts.get((i, _BAD), 0)
+        summary[f"n{i}"] = counts.get((i, _FACT), 0) + bad
+        summary[f"bad{i}"] = bad
+        if bad:
+            first = cells.filter(pc.and_(pc.equal(cells.column("i"), i), pc.equal(cells.column("k"), _BAD))).slice(0, 1)
+            summary[f"example{i}"] = {"value": first.column("raw")[0].as_py(), "entity": first.column("e")[0].as_py()}
+    return summary
+
+
 def _wide(typed: DataFrame, attributes: list[Attribute], added: bool) -> DataFrame:
     """The facts of :func:`load`'s typed frame in the transaction's wide form: per row, one
     row per non-NULL typed cell, with its attribute's id and the value in the column of its kind."""
-    cells = []
-    for i, attribute in enumerate(attributes):
-        slots = ", ".join(f"'{SLOT[k]}', CAST({f'{_TYPED}{i}' if k is attribute.kind else 'NULL'} AS {sql_type(k)})"
-                          for k in Kind)
-        cells.append(f"CASE WHEN {_TYPED}{i} IS NOT NULL THEN named_struct('a', CAST({attribute.id} AS INT), {slots}) END")
+    cells = [f"CASE WHEN {_TYPED}{i} IS NOT NULL THEN named_struct('a', CAST({attribute.id} AS INT), "
+             f"{_value_slots(i, attribute.kind)}) END" for i, attribute in enumerate(attributes)]
     return (typed.selectExpr(f"{_ENTITY} AS e", f"explode(array_compact(array({', '.join(cells)}))) AS f")
             .selectExpr("f.a", "e", f"CAST({1 if added else -1} AS INT) AS op", *(f"f.{SLOT[k]}" for k in Kind)))
+
+
+def _value_slots(i: int, kind: Kind | None) -> str:
+    """``named_struct`` arguments of the wide form's value slots: typed column ``i`` in the
+    slot of ``kind``, NULL in every other (in all of them when ``kind`` is None)."""
+    return ", ".join(f"'{SLOT[k]}', CAST({f'{_TYPED}{i}' if k is kind else 'NULL'} AS {sql_type(k)})" for k in Kind)

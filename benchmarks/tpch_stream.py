@@ -57,6 +57,7 @@ Every engine has the default settings, on a session configured as a default
 
     python benchmarks/tpch_stream.py [--scale 0.01] [--batches 4] [--seed 37] [--updates 2]
     python benchmarks/tpch_stream.py --skip-unshared
+    python benchmarks/tpch_stream.py --updates 0 --skip-load   # the two configurations alone
     python benchmarks/tpch_stream.py --quick          # smoke run: SF 0.01, 3 batches, 4 queries
     python benchmarks/tpch_stream.py --load-only [--scale 0.1]   # load throughput alone
 """
@@ -444,30 +445,36 @@ def goals(trivial: float, runs: dict[str, Run], queries: dict, loading: dict, ta
         out["installs >= 10x faster with sharing (medians)"] = f"{'met' if ratio >= 10 else 'NOT met'}: {ratio:.1f}x"
         peaks = max(m["memory_bytes"] for m in alone.memory) / max(max(m["memory_bytes"] for m in shared.memory), 1)
         out["memory >= 2x lower with sharing (peaks)"] = f"{'met' if peaks >= 2 else 'NOT met'}: {peaks:.2f}x"
-    slowest = min(queries.items(), key=lambda kv: kv[1]["ratio"])
-    out["incremental >= 10x faster than Spark SQL, every query"] = (
-        f"{'met' if slowest[1]['ratio'] >= 10 else 'NOT met'}: lowest {slowest[1]['ratio']}x ({slowest[0]}), "
-        f"{sum(q['ratio'] >= 10 for q in queries.values())} of {len(queries)} at >= 10x")
-    rates = {m: v["facts_per_s"] for m, v in loading[STREAM].items()}
-    out["lineitem load >= 100,000 facts/s"] = (
-        f"{'met' if min(rates.values()) >= 100_000 else 'NOT met'}: "
-        + ", ".join(f"{m} {r:,}" for m, r in rates.items()))
+    if queries:
+        slowest = min(queries.items(), key=lambda kv: kv[1]["ratio"])
+        out["incremental >= 10x faster than Spark SQL, every query"] = (
+            f"{'met' if slowest[1]['ratio'] >= 10 else 'NOT met'}: lowest {slowest[1]['ratio']}x ({slowest[0]}), "
+            f"{sum(q['ratio'] >= 10 for q in queries.values())} of {len(queries)} at >= 10x")
+    if loading:
+        rates = {m: v["facts_per_s"] for m, v in loading[STREAM].items()}
+        out["lineitem load >= 100,000 facts/s"] = (
+            f"{'met' if min(rates.values()) >= 100_000 else 'NOT met'}: "
+            + ", ".join(f"{m} {r:,}" for m, r in rates.items()))
     return out
 
 
-def table(runs: dict[str, Run], queries: dict, checks: dict[str, dict[str, str]]) -> list[str]:
-    """The per-query lines printed after the run."""
+def table(runs: dict[str, Run], queries: dict, checks: dict[str, dict[str, str]], names: Sequence[str]) -> list[str]:
+    """The per-query lines printed after the run ("-" where the per-query pass was left out)."""
     def installs(run: str, name: str) -> str:
         values = [i["seconds"] for i in runs[run].installs if i["query"] == name] if run in runs else []
         return f"{median(values):.2f}" if values else "-"
 
+    def alone(name: str, key: str, form: str) -> str:
+        return format(queries[name][key], form) if name in queries else "-"
+
     lines = [f"{'query':6} {'inst.shared':>11} {'inst.alone':>10} {'inst.unshared':>13} {'upd.med':>8} "
-             f"{'upd.p99':>8} {'rows':>6} {'SparkSQL':>8} {'ratio':>6}  matched DuckDB"]
-    for name, q in queries.items():
-        lines.append(f"{name:6} {installs('shared', name):>11} {q['install_alone_s']:>10.2f} "
-                     f"{installs('no sharing', name):>13} {q['update_median_s']:>8.2f} {q['update_p99_s']:>8.2f} "
-                     f"{q['rows']:>6} {q['sql_rerun_median_s']:>8.2f} {q['ratio']:>6.1f}  "
-                     f"{checks['shared'].get(name, '-')}")
+             f"{'upd.p99':>8} {'rows':>6} {'SparkSQL':>8} {'ratio':>6}  matched DuckDB (shared, no sharing)"]
+    for name in names:
+        lines.append(f"{name:6} {installs('shared', name):>11} {alone(name, 'install_alone_s', '.2f'):>10} "
+                     f"{installs('no sharing', name):>13} {alone(name, 'update_median_s', '.2f'):>8} "
+                     f"{alone(name, 'update_p99_s', '.2f'):>8} {alone(name, 'rows', 'd'):>6} "
+                     f"{alone(name, 'sql_rerun_median_s', '.2f'):>8} {alone(name, 'ratio', '.1f'):>6}  "
+                     f"{checks['shared'].get(name, '-')}, {checks.get('no sharing', {}).get(name, '-')}")
     return lines
 
 
@@ -476,15 +483,17 @@ def main() -> None:
     parser.add_argument("--scale", type=float, default=None, help="TPC-H scale factor (default 0.01)")
     parser.add_argument("--batches", type=int, default=None, help="batches per table (default 4; quick 3)")
     parser.add_argument("--seed", type=int, default=37, help="seed of the install/retire schedule")
-    parser.add_argument("--updates", type=int, default=None, help="lineitem epochs per query (default 2)")
+    parser.add_argument("--updates", type=int, default=None,
+                        help="lineitem epochs per query (default 2; 0 skips the per-query pass)")
     parser.add_argument("--queries", default=None, help="comma-separated query numbers (default all 22)")
     parser.add_argument("--skip-unshared", action="store_true", help="run the shared configuration only")
     parser.add_argument("--quick", action="store_true", help="smoke run: SF 0.01, 3 batches, queries 1,3,6,14")
     parser.add_argument("--load-only", action="store_true", help="measure load throughput alone")
+    parser.add_argument("--skip-load", action="store_true", help="leave out the load throughput")
     args = parser.parse_args()
     scale = args.scale or 0.01
     batches = args.batches or (3 if args.quick else 4)
-    updates = args.updates or 2
+    updates = 2 if args.updates is None else args.updates
     numbers = ([int(n) for n in args.queries.split(",")] if args.queries
                else list(QUICK_QUERIES) if args.quick else sorted(QUERIES))
     name = "tpch_stream" + ("-quick" if args.quick else "")
@@ -513,7 +522,7 @@ def main() -> None:
             if number not in shared.handles:
                 late[QUERIES[number].name] = round(shared.install(number, batches), 3)
         checks["shared"] = matched(shared.rows(), answers)
-        queries, alone = per_query(shared, tables, numbers, updates)
+        queries, alone = per_query(shared, tables, numbers, updates) if updates else ({}, [])
     finally:
         shared.close()
     if not args.skip_unshared:
@@ -523,13 +532,13 @@ def main() -> None:
             checks["no sharing"] = matched(unshared.rows(), answers)
         finally:
             unshared.close()
-    loading = load_throughput(spark, tables)
+    loading = {} if args.skip_load else load_throughput(spark, tables)
 
     picture = (os.path.join(RESULTS, f"{name}.png") if args.quick else os.path.join(ROOT, "docs", "tpch_stream.png"))
     os.makedirs(os.path.dirname(picture), exist_ok=True)
     plot(list(runs.values()), picture, f"TPC-H SF {scale:g}, {batches} batches per table, {len(numbers)} queries "
                                        f"arriving and retiring (seed {args.seed}), {os.cpu_count()} cores")
-    for line in table(runs, queries, checks):
+    for line in table(runs, queries, checks, [QUERIES[n].name for n in numbers]):
         print(line)
     figures = {
         "scale": scale, "batches": batches, "seed": args.seed, "queries": [QUERIES[n].name for n in numbers],
@@ -550,7 +559,7 @@ def main() -> None:
         "shared_installs_over_loaded_state_s": late,
         "matched_duckdb": checks,
         "per_query": queries,
-        "index_only_lineitem_epoch_median_s": round(median(alone), 3),
+        "index_only_lineitem_epoch_median_s": round(median(alone), 3) if alone else None,
         "load": loading,
         "goals": goals(trivial, runs, queries, loading, tables, numbers),
         "plot": os.path.relpath(picture, ROOT),

@@ -98,11 +98,17 @@ def test_a_small_transaction_reads_only_the_state_of_its_entities(spark, monkeyp
     every attribute is probed in one Python worker. Either way the changes are exact."""
     from factflow import Engine, EngineConfig
     from factflow.arrangement import index
+    from factflow.dataflow import lookup
 
     runs = []
-    original = index.TaggedProbes.run
-    monkeypatch.setattr(index.TaggedProbes, "run", lambda self, prefix: runs.append(set(self.probes)) or
-                        original(self, prefix))
+    original = lookup._run
+
+    def counted(cx, probes, source):
+        if isinstance(probes, index.TaggedProbes):
+            runs.append(set(probes.probes))
+        return original(cx, probes, source)
+
+    monkeypatch.setattr(lookup, "_run", counted)
     n = 2_000
     with Engine(spark=spark, config=EngineConfig(local_limit=local_limit)) as db:
         db.create_attribute(":p/name", type="string", semantics="one")

@@ -11,10 +11,12 @@ import datetime as dt
 import os
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from factflow.arrangement.index import (
-    KEY_HASH, PROBE_HASH, PROBE_PART, Probe, ProbeChain, TaggedProbes, arrow_schema, long_hash, long_partition_hash,
+    KEY_HASH, PROBE_HASH, PROBE_PARAMETERS, PROBE_PART, ParameterizedProbes, Probe, ProbeChain, TaggedProbes,
+    arrow_schema, long_hash, long_partition_hash,
 )
 from factflow.model.types import Kind
 from factflow.storage.location import Location
@@ -191,6 +193,37 @@ def test_tagged_probes_look_each_row_up_in_the_trace_its_tag_names(files):
     assert sorted(tuple(r.values()) for r in out.to_pylist()) == [
         (1, 1, None, "x", -1), (1, 1, None, "x", 1), (1, 1, None, "x2", 1), (1, 3, None, "z", 1),
         (2, 3, 30, None, 1), (2, 9, 90, None, 1)]
+
+
+def with_parameters(probes, table: pa.Table, at: int) -> list[pa.RecordBatch]:
+    """``table``'s rows as a parameterized probe's input: one row of ``probes``' pickled
+    parameters inserted before row ``at``, in batches of two rows."""
+    parameters = pa.array([None] * at + [ParameterizedProbes.parameters_of(probes)] + [None] * (table.num_rows - at),
+                          pa.binary())
+    padded = {name: pa.concat_arrays([column.slice(0, at).combine_chunks(), pa.nulls(1, column.type),
+                                      column.slice(at).combine_chunks()])
+              for name, column in zip(table.column_names, table.columns)}
+    return pa.table({**padded, PROBE_PARAMETERS: parameters}).to_batches(max_chunksize=2)
+
+
+@pytest.mark.parametrize("at", [0, 3], ids=["parameters-first", "parameters-later"])
+def test_parameterized_probes_take_their_files_local_batches_and_epoch_from_their_input(files, at):
+    """A parameterized probe's function holds no files, local batches or epoch: it reads them
+    from the one input row that carries them (wherever it comes), and probes the other rows
+    as the probe it was made from does."""
+    local = pa.Table.from_pydict({"e": [2, 5], "v": ["l2", "l5"], "_t": [4, 11], "_diff": [1, 1]}, schema=TRACE_SCHEMA)
+    chain = ProbeChain([probe(files, local=[local], as_of=5)])
+    table = prefix([(1, 1), (2, 1), (5, 1), (3, 2), (7, 1)])
+    parameterized = ParameterizedProbes.of(chain)
+    assert parameterized.probes.probes[0].parameters() == ([], [], 0)
+    out = pa.Table.from_batches(list(parameterized(iter(with_parameters(chain, table, at)))),
+                                schema=arrow_schema(chain.probes[-1].output))
+    assert sorted(tuple(r.values()) for r in out.to_pylist()) == run(chain, table)
+    assert run(chain, table) == [(1, 1, "x", -1), (1, 1, "x", 1), (1, 1, "x2", 1), (2, 1, "l2", 1), (2, 1, "y", 1),
+                                 (3, 2, "z", 1)]  # 5's local row is after the epoch, 7's file row too
+    lost = [b.filter(pc.is_null(b.column(PROBE_PARAMETERS))) for b in with_parameters(chain, table, at)]
+    with pytest.raises(RuntimeError, match="no parameters"):
+        list(parameterized(iter(lost)))
 
 
 def test_long_hash_leaves_the_hash_as_it_is_at_a_null():

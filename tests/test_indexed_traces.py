@@ -14,7 +14,9 @@ import time
 import pytest
 
 from factflow import EngineConfig
-from factflow.arrangement import index
+from factflow.arrangement import bound, index
+from factflow.arrangement.views import PARAMETERIZED_PROBE_PREFIX
+from factflow.dataflow import lookup
 from test_differential import CATALOG, JOIN_CATALOG, run_stream
 
 PROBED = [q for q in CATALOG + JOIN_CATALOG if any(s in q[0] for s in (
@@ -29,24 +31,42 @@ PROBED = [q for q in CATALOG + JOIN_CATALOG if any(s in q[0] for s in (
 
 @pytest.fixture
 def probes(monkeypatch):
-    """Counts the probes Spark tasks ran (through the driver-side entry point)."""
+    """Counts the probes statements read (through the driver-side entry point): per
+    relation probed, the ``how`` of each probe of its chain."""
     calls = []
-    original = index.ProbeChain.run
+    original = lookup._run
 
-    def counted(self, prefix):
-        calls.append([p.how for p in self.probes])
-        return original(self, prefix)
+    def counted(cx, chain, source):
+        calls.append([p.how for p in chain.listed()])
+        return original(cx, chain, source)
 
-    monkeypatch.setattr(index.ProbeChain, "run", counted)
+    monkeypatch.setattr(lookup, "_run", counted)
     return calls
 
 
+@pytest.fixture
+def probing_plans_kept(monkeypatch):
+    """Counts the statements reading parameterized probes that ran from a kept plan."""
+    runs = []
+    original = bound.Binder.run
+
+    def counted(self, sql, prepare=None):
+        runs.append(PARAMETERIZED_PROBE_PREFIX in sql and sql in self._plans)
+        return original(self, sql, prepare)
+
+    monkeypatch.setattr(bound.Binder, "run", counted)
+    return runs
+
+
 @pytest.mark.parametrize("join", ["binary", "delta", "wco"])
-def test_probed_state_matches_the_oracle(spark, join, probes):
+def test_probed_state_matches_the_oracle(spark, join, probes, probing_plans_kept):
     assert len(PROBED) >= 8
     run_stream(spark, 300, epochs=10, queries=PROBED, join=join, max_ops=1,
                config=EngineConfig(local_limit=1))
     assert probes, "no epoch probed an index"
+    # probes take their files, local batches and epoch from a slot: a later epoch of the
+    # same shape runs the plan kept from an earlier one
+    assert any(probing_plans_kept), "no statement reading a probe ran from a kept plan"
     if join == "delta":
         assert any(len(chain) > 1 for chain in probes), "no lookup continued the probe chain before it"
 

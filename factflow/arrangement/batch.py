@@ -100,11 +100,10 @@ class Layout:
 
     def normalize_pandas(self, frame: pd.DataFrame) -> pd.DataFrame:
         """Give a pandas frame exactly this layout's columns and dtypes."""
-        out = frame[self.all_names].copy() if list(frame.columns) != self.all_names else frame.copy()
-        for name, kind in self.columns:
-            out[name] = out[name].astype(_PANDAS_DTYPES[kind])
-        out[TIME] = out[TIME].astype("int64")
-        out[DIFF] = out[DIFF].astype("int64")
+        wanted = {name: _PANDAS_DTYPES[kind] for name, kind in self.columns} | {TIME: "int64", DIFF: "int64"}
+        out = frame[self.all_names] if list(frame.columns) != self.all_names else frame
+        converting = {name: dtype for name, dtype in wanted.items() if out[name].dtype != dtype}
+        out = out.astype(converting) if converting else out.copy()
         return out.reset_index(drop=True)
 
 

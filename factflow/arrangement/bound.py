@@ -19,10 +19,15 @@ Spark's optimizer drops what they make empty (most of a 1-change epoch's pipelin
 shape is thus the set of non-empty inputs, which is what the plan depends on.
 
 A plan is kept only if running it again is sound: without exchanges (their shuffle
-output is reused by a second run) or subqueries (their results are computed once), and
-reading no view but the binder's own and views that outlive epochs (stored batches,
-constant relations: :func:`factflow.arrangement.views.lasting_views`); a kept plan is
-dropped once one of those views is. At most ``capacity`` plans are kept, the least
+output is reused by a second run) or subqueries (their results are computed once), not
+reading a persisted probe (see ``EpochContext.persist_shared``), and reading no view but
+the binder's own and views that outlive epochs (stored batches, constant relations:
+:func:`factflow.arrangement.views.lasting_views`); a kept plan is dropped once one of
+those views is. A probe of an index (:mod:`factflow.arrangement.index`) is a Python
+function in the plan; while a binder is active it is *parameterized*: what changes from
+epoch to epoch (the files and local batches it reads, the epoch) is bound to a slot like
+any rows, and its view is the binder's, named for what it means (:meth:`Binder.probe_view`),
+so statements that probe can be kept too. At most ``capacity`` plans are kept, the least
 recently used dropped first, and no more than an eighth of the driver's heap by their
 estimated size: a kept plan holds its statement's analyzed, optimized and physical plans,
 about a kilobyte per character of the statement (a small epoch of 22 TPC-H queries plans
@@ -50,7 +55,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 
 import pyarrow as pa
 
-from factflow.arrangement.views import drop_view, lasting_views, one_partition
+from factflow.arrangement.views import PARAMETERIZED_PROBE_PREFIX, drop_view, lasting_views, one_partition
 from factflow.model.frames import arrow_table, values_sql
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -121,11 +126,21 @@ class Binder:
         self._views: set[str] = set()
         self._bound: dict[int, tuple[object, str]] = {}
         self._plans: OrderedDict[str, tuple["DataFrame", frozenset[str]]] = OrderedDict()
+        #: parameterized probes' views by name (see :meth:`probe_view`), least recently used
+        #: first, with the other views their definitions read
+        self._probes: OrderedDict[str, tuple["DataFrame", frozenset[str], int]] = OrderedDict()
+        self._probe_characters = 0
 
     def restart(self) -> None:
-        """Number slots from the first again: a new statement group begins."""
+        """Number slots from the first again: a new statement group begins (and the
+        statements of the one before are done: probe views over the binder's bounds go)."""
         self._next = 0
         self._bound.clear()
+        while self._probes and (len(self._probes) > 4 * self.capacity
+                                or self._probe_characters * PLAN_BYTES_PER_CHARACTER > self.memory // 2):
+            name, (_, _, characters) = self._probes.popitem(last=False)
+            self._probe_characters -= characters
+            drop_view(self.spark, name)
 
     def relation(self, frame: "pd.DataFrame", schema: "T.StructType", owner: object | None = None) -> str:
         """SQL reading ``frame``'s rows (typed as ``schema``) as one partition: the next slot
@@ -154,9 +169,45 @@ class Binder:
             self._bound[id(owner)] = (owner, relation)  # holding the owner keeps its id unique
         return relation
 
-    def run(self, sql: str, prepare: "Callable[[DataFrame], None] | None" = None) -> pa.Table:
+    def probe_view(self, definition: str, build: "Callable[[], DataFrame]") -> tuple[str, "DataFrame"]:
+        """The view of a parameterized probe (:class:`factflow.arrangement.index.ParameterizedProbes`)
+        whose ``definition`` (its function's probes and the SQL of its input, parameters' slot
+        included) is given, and its DataFrame: registered from ``build()`` the first time.
+
+        The view is named for its definition, so a statement that reads it has the same text
+        whenever it means the same, and the view outlives its epoch: an epoch whose
+        statements have the shape of an earlier one's neither builds its probes' DataFrames
+        again nor plans them. Between statement groups (:meth:`restart`) the least recently
+        used go while there are more than ``4 * capacity`` or their DataFrames' plans take
+        more than half the kept plans' memory (estimated as theirs are, by characters)."""
+        name = f"{PARAMETERIZED_PROBE_PREFIX}{int(hashlib.sha1(definition.encode()).hexdigest()[:15], 16)}"
+        found = self._probes.get(name)
+        if found is not None:
+            self._probes.move_to_end(name)
+            return name, found[0]
+        frame = build()
+        frame.createOrReplaceTempView(name)
+        self._probes[name] = (frame, self._views_read(definition), len(definition))
+        self._probe_characters += len(definition)
+        return name, frame
+
+    def _views_read(self, sql: str) -> frozenset[str]:
+        """The views ``sql`` reads, a parameterized probe's view standing for those its
+        definition reads (its own name says what it means)."""
+        views = set()
+        for view in _VIEWS.findall(sql):
+            if not view.startswith(PARAMETERIZED_PROBE_PREFIX):
+                views.add(view)
+            elif view in self._probes:
+                views |= self._probes[view][1]
+            else:  # a probe view dropped meanwhile: what it read is not known, so nothing may keep it
+                views.add(view)
+        return frozenset(views)
+
+    def run(self, sql: str, prepare: "Callable[[DataFrame], bool] | None" = None) -> pa.Table:
         """The rows of ``sql`` as Arrow, from the plan kept for this text when there is one;
-        ``prepare`` is called with a DataFrame planned anew before it runs."""
+        ``prepare`` is called with a DataFrame planned anew before it runs, and returns
+        whether it changed what the plan reads (persisted part of it): such a plan is not kept."""
         lasting = lasting_views()
         for text in [t for t, (_, views) in self._plans.items() if not views <= lasting]:
             self._forget(text)
@@ -165,11 +216,12 @@ class Binder:
             self._plans.move_to_end(sql)
             self.reused += 1
             return kept[0].toArrow()
-        frame = _planned(self.spark, sql, prepare)
+        frame, prepared = _planned(self.spark, sql, prepare)
         table = frame.toArrow()
         self.planned += 1
-        views = frozenset(_VIEWS.findall(sql))
-        if views <= lasting and len(sql) * PLAN_BYTES_PER_CHARACTER <= self.memory and self._reusable(frame):
+        views = self._views_read(sql)
+        if (not prepared and views <= lasting and len(sql) * PLAN_BYTES_PER_CHARACTER <= self.memory
+                and self._reusable(frame)):
             self._plans[sql] = (frame, views)
             self._kept_characters += len(sql)
             while (len(self._plans) > self.capacity
@@ -198,9 +250,11 @@ class Binder:
         self._bound.clear()
         for number in range(1, self._slots + 1):
             self._rows.release(self._slot(number))
-        for view in self._views:
+        for view in [*self._views, *self._probes]:
             drop_view(self.spark, view)
         self._views.clear()
+        self._probes.clear()
+        self._probe_characters = 0
 
 
 def current() -> Binder | None:
@@ -221,16 +275,16 @@ def binding(binder: Binder | None) -> Iterator[None]:
         _current.reset(token)
 
 
-def run(spark: "SparkSession", sql: str, prepare: "Callable[[DataFrame], None] | None" = None) -> pa.Table:
+def run(spark: "SparkSession", sql: str, prepare: "Callable[[DataFrame], bool] | None" = None) -> pa.Table:
     """The rows of ``sql`` as Arrow: through the active binder's kept plans, if one is active.
     ``prepare`` is called with the statement's DataFrame before it runs, unless a kept plan runs."""
     binder = current()
-    return binder.run(sql, prepare) if binder is not None else _planned(spark, sql, prepare).toArrow()
+    return binder.run(sql, prepare) if binder is not None else _planned(spark, sql, prepare)[0].toArrow()
 
 
-def _planned(spark: "SparkSession", sql: str, prepare: "Callable[[DataFrame], None] | None") -> "DataFrame":
-    """``sql`` as a DataFrame, given to ``prepare`` (when there is one) before it runs."""
+def _planned(spark: "SparkSession", sql: str,
+             prepare: "Callable[[DataFrame], bool] | None") -> tuple["DataFrame", bool]:
+    """``sql`` as a DataFrame, given to ``prepare`` (when there is one) before it runs, and
+    what ``prepare`` returned."""
     frame = spark.sql(sql)
-    if prepare is not None:
-        prepare(frame)
-    return frame
+    return frame, prepare(frame) if prepare is not None else False

@@ -37,11 +37,13 @@ can read from shared storage.
 
 from __future__ import annotations
 
+import dataclasses
+import pickle
 import re
 from collections import OrderedDict
 from functools import partial
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterator, Sequence, Union
 
 import numpy as np
 import pyarrow as pa
@@ -59,13 +61,15 @@ __all__ = ["KEY_HASH", "PROBE_HASH", "PROBE_PART", "TRACE_DIFF", "hash_sql", "pa
            "long_partition_hash", "write_index", "read_index",
            "read_index_locally", "remove_index",
            "Probe",
-           "ProbeChain", "TaggedProbes",
+           "ProbeChain", "TaggedProbes", "ParameterizedProbes", "PROBE_PARAMETERS",
            "arrow_type", "arrow_schema"]
 
 KEY_HASH = "_h"
 PROBE_HASH = "_ph"
 PROBE_PART = "_pp"
 TRACE_DIFF = "_tdiff"
+#: the column of a :class:`ParameterizedProbes`' input whose one non-NULL value is its parameters
+PROBE_PARAMETERS = "_pparameters"
 _TIME, _DIFF = "_t", "_diff"
 _OPEN_LIMIT = 256
 
@@ -256,6 +260,19 @@ class Probe:
         """The probe as a lazy Spark DataFrame over ``prefix`` (which carries ``_ph``)."""
         return ProbeChain([self]).run(prefix)
 
+    def parameters(self) -> tuple:
+        """What changes from epoch to epoch: the index files and local batches read, the epoch."""
+        return self.files, self.local, self.as_of
+
+    def stripped(self) -> "Probe":
+        """This probe without its :meth:`parameters`: what stays the same from epoch to epoch."""
+        return dataclasses.replace(self, files=[], local=[], as_of=0)
+
+    def given(self, parameters: tuple) -> "Probe":
+        """This (stripped) probe with ``parameters`` (as :meth:`parameters` gave them)."""
+        files, local, as_of = parameters
+        return dataclasses.replace(self, files=files, local=local, as_of=as_of)
+
     def hashes_in_task(self) -> bool:
         """Whether a task can compute this probe's ``_ph`` itself (:func:`long_hash`): every
         key column is a LONG, so the probe can follow another in a :class:`ProbeChain`."""
@@ -366,6 +383,14 @@ class ProbeChain:
         """This chain followed by ``probe``."""
         return ProbeChain(self.probes + [probe], self.slice_rows)
 
+    def listed(self) -> list[Probe]:
+        """The probes, in order."""
+        return list(self.probes)
+
+    def with_probes(self, probes: list[Probe]) -> "ProbeChain":
+        """This chain with ``probes`` (as many, in :meth:`listed`'s order) instead."""
+        return dataclasses.replace(self, probes=list(probes))
+
     def run(self, prefix: DataFrame) -> DataFrame:
         """The chain as a lazy Spark DataFrame over ``prefix`` (which carries ``_ph``)."""
         return prefix.mapInArrow(self, self.spark_schema())
@@ -424,6 +449,14 @@ class TaggedProbes:
         """The probes as a lazy Spark DataFrame over ``prefix`` (which carries ``_ph``)."""
         return prefix.mapInArrow(self, self.spark_schema())
 
+    def listed(self) -> list[Probe]:
+        """The probes, in the order of their tags."""
+        return list(self.probes.values())
+
+    def with_probes(self, probes: list[Probe]) -> "TaggedProbes":
+        """These probes replaced by ``probes`` (as many, in :meth:`listed`'s order)."""
+        return dataclasses.replace(self, probes=dict(zip(self.probes, probes)))
+
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """Look up every batch of prefix rows in the probe its tag names (runs inside a Spark task)."""
         workers.prepare()
@@ -443,6 +476,64 @@ class TaggedProbes:
                             for name, kind in self.value_columns]
                 columns.append(found.column(TRACE_DIFF))
                 yield from pa.Table.from_arrays(columns, names=target.names).cast(target).to_batches()
+
+
+Probes = Union[ProbeChain, TaggedProbes]
+
+
+@dataclass
+class ParameterizedProbes:
+    """Probes (a :class:`ProbeChain` or :class:`TaggedProbes`) whose parameters arrive with
+    their input instead of with their function, so that one plan serves every epoch.
+
+    A probe's function goes into the plan of the statement that reads it, and with it the
+    index files and local batches it reads and the epoch (:meth:`Probe.parameters`), which
+    change every epoch: no plan with a probe could be kept (see
+    :mod:`factflow.arrangement.bound`). Here the function holds the probes without them
+    (``probes``, :meth:`Probe.stripped`), and its input is the prefix's rows plus one row whose
+    column :data:`PROBE_PARAMETERS` holds them, pickled (:meth:`parameters_of`), bound to a
+    slot of the epoch's binder: a kept plan reads the new epoch's parameters as it reads
+    the new epoch's rows. The prefix's rows have NULL there; the input is one partition.
+    """
+
+    probes: Probes
+
+    @staticmethod
+    def parameters_of(probes: Probes) -> bytes:
+        """The parameters of ``probes``, pickled, in :meth:`listed` order."""
+        return pickle.dumps([p.parameters() for p in probes.listed()], protocol=pickle.HIGHEST_PROTOCOL)
+
+    @classmethod
+    def of(cls, probes: Probes) -> "ParameterizedProbes":
+        """``probes`` without their parameters."""
+        return cls(probes.with_probes([p.stripped() for p in probes.listed()]))
+
+    def spark_schema(self) -> T.StructType:
+        """The schema of the output rows."""
+        return self.probes.spark_schema()
+
+    def run(self, prefix: DataFrame) -> DataFrame:
+        """The probes as a lazy Spark DataFrame over ``prefix`` (one partition: the prefix's
+        rows and the parameters' row)."""
+        return prefix.mapInArrow(self, self.spark_schema())
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        """Probe the prefix's rows once the parameters' row is read (runs inside a Spark task)."""
+        probes: Probes | None = None
+        held: list[pa.RecordBatch] = []
+        for batch in batches:
+            marks = batch.column(PROBE_PARAMETERS)
+            if probes is None and marks.null_count < batch.num_rows:
+                given = pickle.loads(marks.filter(pc.is_valid(marks))[0].as_py())
+                probes = self.probes.with_probes([p.given(x) for p, x in zip(self.probes.listed(), given)])
+            rows = batch.filter(pc.is_null(marks)).drop_columns([PROBE_PARAMETERS])
+            if probes is None:
+                held.append(rows)
+                continue
+            yield from probes(iter(held + [rows]))
+            held = []
+        if any(b.num_rows for b in held):
+            raise RuntimeError("factflow: a parameterized probe's input has rows but no parameters")
 
 
 # Spark's Murmur3 hash (seed 42) of LONG columns, the 32-bit arithmetic wrapping in uint32

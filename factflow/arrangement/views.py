@@ -12,7 +12,14 @@ import threading
 
 from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["register_view", "drop_view", "lasting_views", "one_partition"]
+__all__ = ["register_view", "drop_view", "lasting_views", "one_partition", "PROBE_VIEW_PREFIX",
+           "PARAMETERIZED_PROBE_PREFIX"]
+
+#: how the views an evaluation registers for its probes are named (``EpochContext.register``)
+PROBE_VIEW_PREFIX = "ff_q"
+#: how a parameterized probe's view is named: for its definition, not in order
+#: (:meth:`factflow.arrangement.bound.Binder.probe_view`)
+PARAMETERIZED_PROBE_PREFIX = "ff_qp"
 
 _VIEW_IDS = itertools.count(1)
 _LASTING: set[str] = set()

@@ -5,8 +5,8 @@ from __future__ import annotations
 from enum import Enum
 from typing import TYPE_CHECKING, Callable
 
-from factflow.arrangement.views import drop_view, register_view
-from factflow.dataflow.statement import PROBE_VIEW_PREFIX, Statement
+from factflow.arrangement.views import PROBE_VIEW_PREFIX, drop_view, register_view
+from factflow.dataflow.statement import Statement
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
@@ -87,7 +87,14 @@ class EpochContext:
         self.probes_registered.append((view, frame))
         return view
 
-    def persist_shared(self, frame: "DataFrame") -> None:
+    def reads_probe(self, view: str, frame: "DataFrame") -> str:
+        """Note that this evaluation reads the probe ``frame`` named ``view`` by someone else
+        (a binder's parameterized probe, see :func:`factflow.dataflow.lookup.probe`): it may be
+        persisted for it (:meth:`persist_shared`), but its view is not dropped when it ends."""
+        self.probes_registered.append((view, frame))
+        return view
+
+    def persist_shared(self, frame: "DataFrame") -> bool:
         """Persist, until this evaluation ends, every probe that ``frame`` (a statement about
         to run) reads more than once, so that it runs once.
 
@@ -97,14 +104,19 @@ class EpochContext:
         computes a persisted plan where the statement first reads it and reads what it
         stored everywhere else. A probe read once is left alone: storing its rows costs
         more than it saves (persisting every probe made the heavier epochs of the
-        worst-case optimal triangles over oregon1 a fifth slower)."""
+        worst-case optimal triangles over oregon1 a fifth slower).
+
+        Returns whether ``frame`` reads a persisted probe (a plan that does must not be kept
+        for later epochs, see :mod:`factflow.arrangement.bound`)."""
         if not self.probes_registered:
-            return
+            return False
         plan = frame._jdf.queryExecution().analyzed().toString()
         held = {id(p) for p in self.persisted}
         for view, probe in self.probes_registered:
             if id(probe) not in held and plan.count(f"View (`{view}`") > 1:
                 self.persisted.append(probe.persist())
+                held.add(id(probe))
+        return any(f"View (`{view}`" in plan for view, probe in self.probes_registered if id(probe) in held)
 
     def release(self) -> None:
         """Drop the views registered for this evaluation and unpersist its probes."""

@@ -21,9 +21,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Sequence
 
+import pandas as pd
+from pyspark.sql import types as T
+
+from factflow.arrangement import bound
 from factflow.arrangement.batch import DIFF
-from factflow.arrangement.index import (PROBE_HASH, PROBE_PART, TRACE_DIFF, Probe, ProbeChain, TaggedProbes, hash_sql,
-                                        partition_hash_sql)
+from factflow.arrangement.index import (PROBE_HASH, PROBE_PARAMETERS, PROBE_PART, TRACE_DIFF, ParameterizedProbes,
+                                        Probe, ProbeChain, Probes, TaggedProbes, hash_sql, partition_hash_sql)
 from factflow.arrangement.trace import TraceHandle
 from factflow.dataflow import zset
 from factflow.dataflow.context import EpochContext
@@ -31,6 +35,8 @@ from factflow.dataflow.zset import ident
 from factflow.model.types import Kind
 
 __all__ = ["probe", "probe_product", "probe_tagged", "TRACE_DIFF"]
+
+_PARAMETERS_SCHEMA = T.StructType([T.StructField(PROBE_PARAMETERS, T.BinaryType(), True)])
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame
@@ -48,7 +54,7 @@ def probe(cx: EpochContext, handle: TraceHandle, prefix: str, prefix_columns: Se
     keys), the values, and ``_tdiff``.
     """
     spec = _spec(cx, handle, prefix_columns, on, values, as_of, how, present)
-    return None if spec is None else cx.register(spec.run(_hashed(cx, prefix, spec)))
+    return None if spec is None else _run(cx, ProbeChain([spec]), _hashed(prefix, spec))
 
 
 def probe_product(cx: EpochContext, handle: TraceHandle, prefix: str, prefix_columns: Sequence[tuple[str, Kind]],
@@ -66,9 +72,9 @@ def probe_product(cx: EpochContext, handle: TraceHandle, prefix: str, prefix_col
     if before is not None and spec.hashes_in_task():
         source, chain = before[0], before[1].then(spec)
     else:
-        source, chain = _hashed(cx, prefix, spec), ProbeChain([spec])
+        source, chain = _hashed(prefix, spec), ProbeChain([spec])
     names = [n for n, _ in prefix_columns] + [out for _, out in values]
-    product = cx.define(zset.select(cx.register(chain.run(source)), names, diff=f"{ident(DIFF)} * {ident(TRACE_DIFF)}"))
+    product = cx.define(zset.select(_run(cx, chain, source), names, diff=f"{ident(DIFF)} * {ident(TRACE_DIFF)}"))
     cx.chains[product] = (source, chain)
     return product
 
@@ -88,7 +94,7 @@ def probe_tagged(cx: EpochContext, prefix: str, tag: str, key: str, handles: dic
     if not specs:
         return None, set()
     probes = TaggedProbes(specs, tag, {t: columns[t] for t in specs}, list(value_columns))
-    return cx.register(probes.run(_hashed(cx, prefix, next(iter(specs.values()))))), set(specs)
+    return _run(cx, probes, _hashed(prefix, next(iter(specs.values())))), set(specs)
 
 
 def _spec(cx: EpochContext, handle: TraceHandle, prefix_columns: Sequence[tuple[str, Kind]],
@@ -112,9 +118,34 @@ def _spec(cx: EpochContext, handle: TraceHandle, prefix_columns: Sequence[tuple[
                  values=list(values), as_of=as_of, how=how, present=present, cache_bytes=handle.cache_bytes)
 
 
-def _hashed(cx: EpochContext, prefix: str, spec: Probe) -> "DataFrame":
+def _hashed(prefix: str, spec: Probe) -> str:
     """``prefix`` with ``_ph`` and ``_pp``, the hashes of the probe's key columns that index
     files are sorted and partitioned by, computed by Spark."""
     keys = [p for p, _ in spec.hash_on]
-    return cx.frame(f"(SELECT *, {hash_sql(keys)} AS {PROBE_HASH}, {partition_hash_sql(keys)} AS {PROBE_PART} "
-                    f"FROM {prefix})")
+    return f"(SELECT *, {hash_sql(keys)} AS {PROBE_HASH}, {partition_hash_sql(keys)} AS {PROBE_PART} FROM {prefix})"
+
+
+def _run(cx: EpochContext, probes: Probes, source: str) -> str:
+    """The view of ``probes`` over the relation ``source`` (hashed, see :func:`_hashed`).
+
+    While a binder is active (a small epoch that keeps its plans, see
+    :mod:`factflow.arrangement.bound`) and the relations are read as one partition, the
+    probes are parameterized (:class:`~factflow.arrangement.index.ParameterizedProbes`):
+    their parameters are bound to the binder's next slot and their view is the binder's,
+    named for its definition, so that statements reading it can be kept and run again in
+    later epochs. (Their input is one partition; a step spread over the session's partitions
+    keeps its probes as they were.)"""
+    binder = bound.current()
+    if binder is None or not cx.single_partition:
+        return cx.register(probes.run(cx.frame(source)))
+    parameters = binder.relation(pd.DataFrame({PROBE_PARAMETERS: [ParameterizedProbes.parameters_of(probes)]}),
+                                 _PARAMETERS_SCHEMA)
+    parameterized = ParameterizedProbes.of(probes)
+    text = cx.statement(f"SELECT * FROM {source}")
+
+    def build() -> "DataFrame":
+        rows = cx.spark.sql(f"SELECT * FROM {parameters}").unionByName(cx.spark.sql(text), allowMissingColumns=True)
+        return parameterized.run(rows.coalesce(1))
+
+    view, frame = binder.probe_view(f"{parameterized!r}\n{parameters}\n{text}", build)
+    return cx.reads_probe(view, frame)

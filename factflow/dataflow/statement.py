@@ -6,9 +6,9 @@ import re
 from collections import Counter
 from typing import Callable
 
-from factflow.arrangement.views import one_partition
+from factflow.arrangement.views import PARAMETERIZED_PROBE_PREFIX, PROBE_VIEW_PREFIX, one_partition
 
-__all__ = ["PROBE_VIEW_PREFIX", "Statement"]
+__all__ = ["Statement"]
 
 #: a subquery's name, or a quoted string or identifier (skipped: names inside them are text)
 _TOKEN = re.compile(r"'(?:[^'\\]|\\.)*'|`(?:[^`]|``)*`|\b(__r\d+)\b")
@@ -20,9 +20,8 @@ _NOT_ALIAS = re.compile(r"\s*(?:$|[),]|(?:AS|ON|WHERE|GROUP|HAVING|ORDER|LIMIT|U
 #: instead: those whose inlining would copy more than ``INLINED_ENTRY_CHARACTERS`` (see :class:`Statement`)
 INLINED_STATEMENT_CHARACTERS = 250_000
 INLINED_ENTRY_CHARACTERS = 2_000
-#: how the views an evaluation registers for its probes are named (``EpochContext.register``)
-PROBE_VIEW_PREFIX = "ff_q"
-_PROBE_VIEW = re.compile(rf"\b{PROBE_VIEW_PREFIX}\d+\b")
+#: a probe's view (either kind: see :mod:`factflow.arrangement.views`)
+_PROBE_VIEW = re.compile(rf"\b(?:{PROBE_VIEW_PREFIX}|{PARAMETERIZED_PROBE_PREFIX})\d+\b")
 #: a ``WITH`` entry Spark computes once: a non-deterministic condition (always true) keeps
 #: Spark's optimizer from inlining it where it is read
 _COMPUTED_ONCE = "SELECT * FROM ({}) WHERE rand() >= 0"

@@ -92,6 +92,10 @@ _UNIX_SOCKETS = {"spark.python.unix.domain.socket.enabled": "true"} if hasattr(s
 #: Spark's SQL listener keeps the plan graph of its latest executions even without a UI
 #: (1,000 by default); factflow reads none of it, and the graphs of a TPC-H stream's
 #: statements (thousands of operators each) held hundreds of MiB of a 2 GiB heap: it keeps 50.
+#: PySpark's DataFrame debugging (each DataFrame and Column call records its Python call
+#: site in the JVM: about five py4j round trips and a failed ``import IPython`` per call)
+#: is off: factflow names the offending item in its own errors, and on a small TPC-H load
+#: those calls were a third of the driver's time outside Spark jobs.
 DEFAULT_SPARK_CONF = {
     "spark.ui.enabled": "false",
     "spark.driver.maxResultSize": "512m",
@@ -110,6 +114,7 @@ DEFAULT_SPARK_CONF = {
     "spark.scheduler.mode": "FAIR",
     "spark.scheduler.allocation.file": str(_POOLS),
     "spark.python.daemon.module": "factflow.engine.worker_daemon",
+    "spark.python.sql.dataFrameDebugging.enabled": "false",
     **_UNIX_SOCKETS,
     # factflow's jar: small epochs' statements read driver-held rows bound when they run,
     # so their plans are kept across epochs (factflow.arrangement.bound)

@@ -268,10 +268,10 @@ def test_only_start_up_settings_a_session_lacks_are_reported(spark):
 
     assert session.missing_start_up_settings(Session({"spark.buffer.pageSize": "8m"})) == {
         "spark.python.daemon.module": "factflow.engine.worker_daemon", "spark.driver.extraClassPath": bound.JAR,
-        "spark.python.unix.domain.socket.enabled": "true"}
+        "spark.python.unix.domain.socket.enabled": "true", "spark.python.sql.dataFrameDebugging.enabled": "false"}
     # a class path of the user's own counts only if it holds factflow's jar; a setting of the user's own counts
     given = {"spark.buffer.pageSize": "8m", "spark.python.daemon.module": "m",
-             "spark.python.unix.domain.socket.enabled": "false"}
+             "spark.python.unix.domain.socket.enabled": "false", "spark.python.sql.dataFrameDebugging.enabled": "true"}
     assert session.missing_start_up_settings(Session({**given, "spark.driver.extraClassPath": "/x.jar"})) == {
         "spark.driver.extraClassPath": bound.JAR}
     assert session.missing_start_up_settings(Session({**given, "spark.driver.extraClassPath": f"/x.jar{os.pathsep}{bound.JAR}"})) == {}

@@ -128,8 +128,10 @@ DEFAULT_SPARK_CONF = {
 #: workers start without factflow's modules loaded; without factflow's jar on the driver's
 #: class path, small epochs plan every statement anew (and in local mode Spark compiles a
 #: new plan's code twice, see :func:`share_task_class_loader`); without Unix domain sockets, every
-#: task running Python waits about 40 ms for its first rows.
-START_UP_SETTINGS = ("spark.buffer.pageSize", "spark.python.daemon.module", _CLASS_PATH, *_UNIX_SOCKETS)
+#: task running Python waits about 40 ms for its first rows; with PySpark's DataFrame
+#: debugging, every DataFrame call the driver makes costs several py4j round trips more.
+START_UP_SETTINGS = ("spark.buffer.pageSize", "spark.python.daemon.module", _CLASS_PATH, *_UNIX_SOCKETS,
+                     "spark.python.sql.dataFrameDebugging.enabled")
 
 MIN_JAVA = 17
 
@@ -379,7 +381,8 @@ def warn_of_missing_start_up_settings(spark: SparkSession) -> None:
                     "cannot set them (without a small page size, finished sorts keep their memory pages on the "
                     "driver; without factflow's jar, small epochs plan every statement anew and Spark compiles "
                     "new plans' code twice; without Unix domain "
-                    "sockets, every task running Python waits about 40 ms for its first rows; see "
+                    "sockets, every task running Python waits about 40 ms for its first rows; with DataFrame "
+                    "debugging, every DataFrame call of the driver costs several more py4j round trips; see "
                     "factflow.engine.session). Start the session with them, or let factflow create it.",
                     ", ".join(f"{k}={v}" for k, v in missing.items()))
 

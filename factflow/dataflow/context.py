@@ -51,8 +51,9 @@ class EpochContext:
         self._single_partition: bool | None = None  # None: as small
         self._memo: dict[tuple[int, str], str | None] = {}
         self._sql = Statement(single_partition=small)
-        #: probe products and the chains that make them (see :func:`factflow.dataflow.lookup.probe_product`)
-        self.chains: dict[str, tuple["DataFrame", "ProbeChain"]] = {}
+        #: probe products, with the relation their chain reads and the chain (see
+        #: :func:`factflow.dataflow.lookup.probe_product`)
+        self.chains: dict[str, tuple[str, "ProbeChain"]] = {}
 
     @property
     def old_epoch(self) -> int:

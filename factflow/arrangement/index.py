@@ -256,10 +256,6 @@ class Probe:
         """The schema of the probe's output rows."""
         return T.StructType([T.StructField(n, spark_type(k), True) for n, k in self.output])
 
-    def run(self, prefix: DataFrame) -> DataFrame:
-        """The probe as a lazy Spark DataFrame over ``prefix`` (which carries ``_ph``)."""
-        return ProbeChain([self]).run(prefix)
-
     def parameters(self) -> tuple:
         """What changes from epoch to epoch: the index files and local batches read, the epoch."""
         return self.files, self.local, self.as_of

@@ -90,7 +90,7 @@ class EpochContext:
 
     def reads_probe(self, view: str, frame: "DataFrame") -> str:
         """Note that this evaluation reads the probe ``frame`` named ``view`` by someone else
-        (a binder's parameterized probe, see :func:`factflow.dataflow.lookup.probe`): it may be
+        (a binder's parameterized probe, see :func:`factflow.dataflow.lookup._run`): it may be
         persisted for it (:meth:`persist_shared`), but its view is not dropped when it ends."""
         self.probes_registered.append((view, frame))
         return view

@@ -168,10 +168,7 @@ def _fetch_if_small(typed: DataFrame, attributes: list[Attribute], added: bool, 
              for i, a in enumerate(attributes)]
     cells.append(cell(_ROW, -1, 0, None, f"CASE WHEN {_ENTITY} IS NULL THEN coalesce(CAST({_RAW_ENTITY} AS STRING), "
                                          "'null') END"))
-    table = (typed.selectExpr(f"{_ENTITY} AS e", f"explode(array_compact(array({', '.join(cells)}))) AS f")
-             .selectExpr("f.k", "f.i", "f.a", "e", f"CAST({1 if added else -1} AS INT) AS op",
-                         *(f"f.{SLOT[k]}" for k in Kind), "f.raw")
-             .limit(local_limit + 1).toArrow())
+    table = _unpivot(typed, cells, added, ("k", "i", "raw")).limit(local_limit + 1).toArrow()
     return table if table.num_rows <= local_limit else None
 
 
@@ -199,8 +196,16 @@ def _wide(typed: DataFrame, attributes: list[Attribute], added: bool) -> DataFra
     row per non-NULL typed cell, with its attribute's id and the value in the column of its kind."""
     cells = [f"CASE WHEN {_TYPED}{i} IS NOT NULL THEN named_struct('a', CAST({attribute.id} AS INT), "
              f"{_value_slots(i, attribute.kind)}) END" for i, attribute in enumerate(attributes)]
+    return _unpivot(typed, cells, added)
+
+
+def _unpivot(typed: DataFrame, cells: list[str], added: bool, extra: Sequence[str] = ()) -> DataFrame:
+    """One row per non-NULL ``cells`` (SQL of a ``named_struct`` with ``a``, the value slots
+    and ``extra`` fields) of each row of :func:`load`'s typed frame: the wide form's columns
+    (``a``, ``e``, ``op``, the value slots), then ``extra``."""
     return (typed.selectExpr(f"{_ENTITY} AS e", f"explode(array_compact(array({', '.join(cells)}))) AS f")
-            .selectExpr("f.a", "e", f"CAST({1 if added else -1} AS INT) AS op", *(f"f.{SLOT[k]}" for k in Kind)))
+            .selectExpr("f.a", "e", f"CAST({1 if added else -1} AS INT) AS op", *(f"f.{SLOT[k]}" for k in Kind),
+                        *(f"f.{name}" for name in extra)))
 
 
 def _value_slots(i: int, kind: Kind | None) -> str:

@@ -279,13 +279,13 @@ def parts(n: int) -> list:
 @pytest.mark.parametrize("seed", range(SEEDS))
 @pytest.mark.parametrize("join", STRATEGIES)
 def test_join_strategy_matches_the_oracle(spark, join, seed, part):
-    run_stream(spark, STRATEGIES.index(join) * SEEDS + seed, epochs=10, queries=CATALOG + JOIN_CATALOG,
+    run_stream(spark, STRATEGIES.index(join) * SEEDS + seed, epochs=8, queries=CATALOG + JOIN_CATALOG,
                join=join, part=part)
 
 
 @pytest.mark.parametrize("part", parts(PARTS))
 def test_auto_strategy_matches_the_oracle(spark, part):
-    run_stream(spark, len(STRATEGIES) * SEEDS, epochs=10, queries=CATALOG + JOIN_CATALOG, join="auto", part=part)
+    run_stream(spark, len(STRATEGIES) * SEEDS, epochs=8, queries=CATALOG + JOIN_CATALOG, join="auto", part=part)
 
 
 @pytest.mark.parametrize("seed", [100 + s for s in range(max(1, SEEDS - 2))])
@@ -345,5 +345,5 @@ def test_bulk_epochs_match_the_oracle_whether_joins_run_pipelines_or_take_differ
     # the join catalogue each (every bulk epoch costs a few Spark jobs per query)
     import factflow.dataflow.delta as delta
     monkeypatch.setattr(delta, "REBUILT_FROM", 2)
-    run_stream(spark, 301, epochs=8, queries=JOIN_CATALOG, join=join, config=EngineConfig(local_limit=0),
+    run_stream(spark, 301, epochs=6, queries=JOIN_CATALOG, join=join, config=EngineConfig(local_limit=0),
                part=(STRATEGIES.index(join) - 1, 2), transaction=rewired_friendships)

@@ -24,7 +24,7 @@ if [[ $# -gt 0 ]]; then
   exec .venv/bin/python -m pytest -v --durations=20 "$@"
 fi
 main=0
-.venv/bin/python -m pytest -v --durations=20 || main=$?
+.venv/bin/python -m pytest -v --durations=40 || main=$?
 tpch=0
 .venv/bin/python -m pytest -v --durations=5 tests/tpch || tpch=$?
 cluster=0

@@ -2,9 +2,20 @@
 
 Datomic semantics: the aggregates see the *set* of tuples over the find variables and the
 ``:with`` variables (so ``:with`` keeps tuples that would otherwise collapse), grouped by
-the non-aggregated find variables. Reduce keeps its current output in a private trace
-and, per epoch, recomputes only the groups its input change touches: the new rows of
-those groups enter with +1, their old rows leave with -1.
+the non-aggregated find variables. Reduce keeps its current output in a private trace;
+per epoch, the groups its input change touches get new rows (+1) and lose their old ones
+(-1). How the new rows are made depends on the aggregates:
+
+- ``count``, ``sum`` and ``avg`` are *accumulated*: the trace also holds each group's
+  tuple count and the sums behind its averages (hidden columns, ``_tuples`` and
+  ``_sum_<column>``), and a touched group's new row is its old row plus the change's
+  contributions (each tuple's value times its diff). An epoch reads its change and the
+  result's old rows, never the input, so its cost grows with the groups, not with the
+  input (and the planner gives it no Distinct where each input tuple has one derivation:
+  the input is then a set already). A group leaves when its tuple count reaches zero.
+  Sums of doubles are carried forward, so after retractions they may differ from a
+  recomputation in the last bits.
+- Every other aggregate is *recomputed* over the touched groups' whole new input.
 
 Collection-valued aggregates (``distinct``, ``(min n ?x)``, ``(max n ?x)``,
 ``(sample n ?x)``) are computed as JSON arrays in Spark and decoded when rows reach
@@ -28,20 +39,36 @@ from factflow.dataflow.zset import ident
 from factflow.errors import QueryError
 from factflow.model.types import Kind
 
-__all__ = ["AggregateSpec", "aggregate_spec", "Reduce"]
+__all__ = ["AggregateSpec", "aggregate_spec", "Reduce", "reduce_columns", "TUPLES"]
 
+TUPLES = "_tuples"  # an accumulating Reduce's hidden column: the group's tuple count
+ACCUMULATED = {"count", "sum", "avg"}
 NUMERIC_ONLY = {"sum", "avg", "median", "variance", "stddev"}
 TAKING_N = {"min", "max", "sample"}  # (fn n ?x) forms, which return a tuple of up to n values
 
 
 @dataclass(frozen=True)
 class AggregateSpec:
-    """One aggregate: its output column, kind, SQL over the input column, and Python decoder."""
+    """One aggregate: its output column, kind, SQL over the input column, and Python
+    decoder; ``fn`` and ``source`` (the input column) say how it is accumulated when it is."""
 
     column: str
     kind: Kind
     sql: str
     decode: Callable[[Any], Any] | None = None
+    fn: str = ""
+    source: str = ""
+    source_kind: Kind = Kind.LONG
+
+    @property
+    def accumulated(self) -> bool:
+        """Whether a group's value follows from its old value and the change's rows alone."""
+        return self.fn in ACCUMULATED
+
+    @property
+    def hidden_sum(self) -> str | None:
+        """The hidden column holding the sum behind an average (None for other aggregates)."""
+        return f"_sum_{self.column}" if self.fn == "avg" else None
 
 
 def aggregate_spec(fn: str, params: Sequence[Any], column: str, kind: Kind, out: str, where: str) -> AggregateSpec:
@@ -76,7 +103,7 @@ def aggregate_spec(fn: str, params: Sequence[Any], column: str, kind: Kind, out:
     }
     if fn in simple:
         sql, out_kind = simple[fn]
-        return AggregateSpec(out, out_kind, sql)
+        return AggregateSpec(out, out_kind, sql, fn=fn, source=column, source_kind=kind)
     if fn == "distinct":
         return AggregateSpec(out, Kind.STRING, f"to_json(array_sort(collect_set({x})))", _decoder(frozenset))
     raise QueryError(f"{where}: aggregate {fn} is not supported (rand is not deterministic; use sample)")
@@ -86,20 +113,33 @@ def _decoder(kind: type) -> Callable[[Any], Any]:
     return lambda text: kind(json.loads(text))
 
 
+def reduce_columns(child: Node, group: Sequence[str], specs: Sequence[AggregateSpec]) -> Columns:
+    """The columns of a Reduce's trace: the group's, the aggregates', then, when every
+    aggregate is accumulated, the hidden accumulators (see the module docs)."""
+    kinds = dict(child.columns)
+    columns = tuple((g, kinds[g]) for g in group) + tuple((s.column, s.kind) for s in specs)
+    if not all(s.accumulated for s in specs):
+        return columns
+    hidden = tuple((s.hidden_sum, s.source_kind) for s in specs if s.hidden_sum)
+    return columns + ((TUPLES, Kind.LONG),) + hidden
+
+
 class Reduce(Stateful):
-    """Grouped aggregation of a set-valued input; only touched groups are recomputed."""
+    """Grouped aggregation of a set-valued input; only touched groups change (accumulated
+    or recomputed, see the module docs)."""
 
     def __init__(self, child: Node, group: Sequence[str], specs: Sequence[AggregateSpec], slot: TraceSlot):
         super().__init__(child, slot)
         self.group = list(group)
         self.specs = list(specs)
-        kinds = dict(child.columns)
-        self.columns: Columns = tuple((g, kinds[g]) for g in self.group) + tuple((s.column, s.kind) for s in specs)
+        self.accumulated = all(s.accumulated for s in self.specs)
+        self.columns: Columns = reduce_columns(child, self.group, self.specs)
+        self.visible: list[str] = self.group + [s.column for s in self.specs]
 
     def params(self, ref):
         specs = [{"column": s.column, "kind": s.kind.value, "sql": s.sql, "decoded": s.decode is not None}
                  for s in self.specs]
-        return {**super().params(ref), "group": list(self.group), "specs": specs}
+        return {**super().params(ref), "group": list(self.group), "specs": specs, "accumulated": self.accumulated}
 
     def _aggregate(self, relation: str) -> str:
         outs = [ident(g) for g in self.group] + [f"{s.sql} AS {ident(s.column)}" for s in self.specs]
@@ -110,14 +150,55 @@ class Reduce(Stateful):
         d = self.child.delta(cx)
         if d is None:
             return None
+        if self.accumulated:
+            return cx.define(zset.consolidate(f"({self._accumulate(cx, d)})", self.names))
+        old_rows = self.state(cx, Version.OLD)
         new_input = self.child.read(cx, Version.NEW)
-        old_output = self.state(cx, Version.OLD)
         if self.group:
+            old_rows = cx.define(zset.semijoin(old_rows, d, self.group))
             new_input = cx.define(zset.semijoin(new_input, d, self.group))
-            old_output = cx.define(zset.semijoin(old_output, d, self.group))
         new_rows = cx.define(self._aggregate(new_input))
-        retracted = cx.define(zset.select(old_output, self.names, diff=f"-{ident(DIFF)}"))
+        retracted = cx.define(zset.select(old_rows, self.names, diff=f"-{ident(DIFF)}"))
         return cx.define(zset.consolidate(f"({zset.union([new_rows, retracted], self.names)})", self.names))
+
+    def _accumulate(self, cx, change: str) -> str:
+        """SQL of the touched groups' old rows (-1) and new rows (+1), not consolidated.
+
+        One aggregation over the old state's rows (their accumulators) and ``change``'s
+        (each row's contributions: its value times its diff) finds, per group that
+        ``change`` touches, the old accumulators and the new ones (old plus the change's);
+        ``change`` is read once, so that a small epoch's statement neither computes it
+        apart nor shuffles, and keeps its plan. The old state is read whole: a result's
+        groups, not the input's rows."""
+        diff = ident(DIFF)
+        contributions = {TUPLES: diff}
+        for s in self.specs:
+            if s.fn in ("sum", "avg"):
+                contributions[s.hidden_sum or s.column] = f"{ident(s.source)} * {diff}"
+        accumulators = list(contributions)
+        group = [ident(g) for g in self.group]
+        old = cx.define(zset.present(self.state(cx, Version.OLD), self.names))
+        rows = (f"SELECT {', '.join(group + [ident(n) for n in accumulators])}, 0 AS `_new` FROM {old} UNION ALL "
+                f"SELECT {', '.join(group + [f'{sql} AS {ident(n)}' for n, sql in contributions.items()])}, "
+                f"1 AS `_new` FROM {change}")
+        olds = [f"MAX(CASE WHEN `_new` = 0 THEN {ident(n)} END) AS `_o{i}`" for i, n in enumerate(accumulators)]
+        adds = [f"SUM(CASE WHEN `_new` = 1 THEN {ident(n)} END) AS `_a{i}`" for i, n in enumerate(accumulators)]
+        by = f" GROUP BY {', '.join(group)}" if group else ""
+        touched = f"SELECT {', '.join(group + olds + adds)} FROM ({rows}){by} HAVING MAX(`_new`) = 1"
+        old_values = [f"coalesce(`_o{i}`, 0)" for i in range(len(accumulators))]
+        new_values = [f"coalesce(`_o{i}`, 0) + coalesce(`_a{i}`, 0)" for i in range(len(accumulators))]
+        both = (f"stack(2, {', '.join(old_values)}, CAST(-1 AS BIGINT), {', '.join(new_values)}, CAST(1 AS BIGINT)) "
+                f"AS ({', '.join(ident(n) for n in accumulators)}, {diff})")
+        stacked = f"SELECT {', '.join(group + [both])} FROM ({touched})"
+        tuples = ident(TUPLES)
+        shown = {}
+        for s in self.specs:
+            if s.fn == "count":
+                shown[s.column] = tuples
+            elif s.fn == "avg":
+                shown[s.column] = f"CAST({ident(s.hidden_sum)} AS DOUBLE) / CAST(greatest({tuples}, 1) AS DOUBLE)"
+        outs = [f"{shown[n]} AS {ident(n)}" if n in shown else ident(n) for n in self.names]
+        return f"SELECT {', '.join(outs)}, {diff} FROM ({stacked}) WHERE {tuples} > 0"
 
     def _delta(self, cx):
         return self.state_delta(cx)
@@ -127,4 +208,5 @@ class Reduce(Stateful):
 
     def describe(self):
         aggs = ", ".join(s.sql for s in self.specs)
-        return f"Reduce by {', '.join(self.group) or '(all)'}: {aggs} (touched groups only)"
+        how = "accumulated from the change" if self.accumulated else "touched groups recomputed"
+        return f"Reduce by {', '.join(self.group) or '(all)'}: {aggs} ({how})"

@@ -373,6 +373,11 @@ class Project(_Linear):
     def apply(self, relation):
         return zset.select(relation, self.names)
 
+    def present_as_installed(self, cx: EpochContext) -> None:
+        """Present what this projects (a shared aggregate rule's Reduce, whose hidden
+        accumulators it drops) as installed; the projection follows from it."""
+        self.child.present_as_installed(cx)  # type: ignore[attr-defined]
+
     def describe(self):
         return "Project"
 

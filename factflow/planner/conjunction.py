@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from factflow.dataflow import expressions as X
-from factflow.dataflow.aggregate import Reduce, aggregate_spec
+from factflow.dataflow.aggregate import Reduce, aggregate_spec, reduce_columns
 from factflow.dataflow.zset import ident, literal
 from factflow.dataflow.nodes import (
     AntiJoin, Arranged, Bind, Filter, Join, Node, Project, Rename, Scan, Stateful, Static, Union,
@@ -462,7 +462,7 @@ def _plan_aggregate_rule(name: str, bodies: Sequence[Rule], pc: PlanContext,
     """The relation of an aggregate rule: its body's distinct bindings (every variable of
     the body, as SQL aggregates rows, not Datomic's ``:find`` the set of find tuples),
     grouped by the head's plain variables, each aggregate computed per group (a Reduce,
-    which recomputes only the groups a change touches). The head lists the aggregates
+    which changes only the groups a change touches; its hidden accumulators projected away). The head lists the aggregates
     after the plain variables (the parser makes sure), the order of Reduce's columns."""
     if len(bodies) != 1:
         raise QueryError(f"rule {name}: an aggregate rule has one body, it has {len(bodies)}")
@@ -485,9 +485,10 @@ def _plan_aggregate_rule(name: str, bodies: Sequence[Rule], pc: PlanContext,
                              "(use it in :find)")
         specs.append(spec)
     group = list(named.values())
-    slot = pc.private_trace(f"rule {name}", tuple((g, bindings.kind_of(g)) for g in group)
-                            + tuple((s.column, s.kind) for s in specs), tuple(group), "intermediate")
-    relation = Reduce(pc.distinct(bindings, f"rule {name} aggregate input"), group, specs, slot)
+    tuples = pc.distinct(bindings, f"rule {name} aggregate input")
+    slot = pc.private_trace(f"rule {name}", reduce_columns(tuples, group, specs), tuple(group), "intermediate")
+    reduced = Reduce(tuples, group, specs, slot)
+    relation = reduced if reduced.names == reduced.visible else Project(reduced, reduced.visible)
     kinds = [k for _, k in relation.columns]
     pc.rule_relations[name] = (relation, kinds)
     return relation, kinds

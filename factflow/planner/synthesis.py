@@ -13,11 +13,12 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from factflow.dataflow.aggregate import Reduce, aggregate_spec
+from factflow.dataflow.aggregate import Reduce, aggregate_spec, reduce_columns
 from factflow.dataflow.nodes import Arranged, Distinct, Node, Project, Stateful, Static
 from factflow.errors import QueryError
 from factflow.lang.ast import (
-    Aggregate, BindScalar, Blank, Const, FindVar, FnCall, Pattern, Pull, Query, Var, binding_vars, show, term_vars,
+    Aggregate, BindScalar, Blank, Const, FindVar, FnCall, Pattern, Predicate, Pull, Query, Var, binding_vars, show,
+    term_vars,
 )
 from factflow.lang.parser import parse_query
 from factflow.lang.rules import RuleStore
@@ -56,9 +57,9 @@ def _unique_derivations(query: Query, pc: PlanContext, output: list[Var]) -> boo
     True when every relation is a set (attributes with set or one semantics, inputs) and the
     output variables functionally determine every variable and every blank of the body:
     a function's result is determined by its arguments, and the value of a
-    cardinality-one attribute by its entity.
+    cardinality-one attribute by its entity. Predicates only filter.
     """
-    clauses = query.where
+    clauses = [c for c in query.where if not isinstance(c, Predicate)]
     if any(not isinstance(c, (Pattern, FnCall)) for c in clauses):
         return False
     if any(isinstance(c, FnCall) and not isinstance(c.binding, BindScalar) for c in clauses):
@@ -144,14 +145,17 @@ def _synthesize(query: Query, inputs: Sequence[Any], pc: PlanContext, join: str)
 def _aggregation(query: Query, pc: PlanContext, scope: Scope, projected: Node, find_vars: list[Var],
                  aggregates: list[Aggregate], strategy: str, join: str) -> Plan:
     """Group the set of find (and :with) tuples by the plain find variables and aggregate."""
-    tuples = pc.distinct(projected, "aggregate input")
     group = [scope.col(v) for v in find_vars]
     specs = []
     for a in aggregates:
         col = scope.col(a.var)
         specs.append(aggregate_spec(a.fn, a.params, col, projected.kind_of(col), pc.column(a.fn), show(a)))
-    slot = pc.private_trace("result", tuple((g, projected.kind_of(g)) for g in group)
-                            + tuple((s.column, s.kind) for s in specs), tuple(group), "result")
+    output = find_vars + [a.var for a in aggregates] + list(query.with_vars)
+    if all(s.accumulated for s in specs) and _unique_derivations(query, pc, output):
+        tuples = projected  # already a set, and accumulating reads only its changes
+    else:
+        tuples = pc.distinct(projected, "aggregate input")
+    slot = pc.private_trace("result", reduce_columns(tuples, group, specs), tuple(group), "result")
     result = Reduce(tuples, group, specs, slot)
     by_agg = dict(zip(aggregates, specs))
     find = [(e, scope.col(e.var)) if isinstance(e, FindVar) else (e, by_agg[e].column)

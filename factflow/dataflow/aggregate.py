@@ -151,54 +151,49 @@ class Reduce(Stateful):
         if d is None:
             return None
         if self.accumulated:
-            return cx.define(zset.consolidate(f"({self._accumulate(cx, d)})", self.names))
-        old_rows = self.state(cx, Version.OLD)
-        new_input = self.child.read(cx, Version.NEW)
-        if self.group:
-            old_rows = cx.define(zset.semijoin(old_rows, d, self.group))
-            new_input = cx.define(zset.semijoin(new_input, d, self.group))
-        new_rows = cx.define(self._aggregate(new_input))
+            old_rows = cx.define(zset.present(self.state(cx, Version.OLD), self.names))
+            new_rows = cx.define(self._accumulate(d, old_rows))
+        else:
+            old_rows = self.state(cx, Version.OLD)
+            new_input = self.child.read(cx, Version.NEW)
+            if self.group:
+                old_rows = cx.define(zset.semijoin(old_rows, d, self.group))
+                new_input = cx.define(zset.semijoin(new_input, d, self.group))
+            new_rows = cx.define(self._aggregate(new_input))
         retracted = cx.define(zset.select(old_rows, self.names, diff=f"-{ident(DIFF)}"))
         return cx.define(zset.consolidate(f"({zset.union([new_rows, retracted], self.names)})", self.names))
 
-    def _accumulate(self, cx, change: str) -> str:
-        """SQL of the touched groups' old rows (-1) and new rows (+1), not consolidated.
+    def _accumulate(self, change: str, old_rows: str) -> str:
+        """SQL of every group's new row: the accumulators of its old row (``old_rows``, each
+        group's present row) plus the contributions of ``change``'s rows (value times diff),
+        summed in one aggregation.
 
-        One aggregation over the old state's rows (their accumulators) and ``change``'s
-        (each row's contributions: its value times its diff) finds, per group that
-        ``change`` touches, the old accumulators and the new ones (old plus the change's);
-        ``change`` is read once, so that a small epoch's statement neither computes it
-        apart nor shuffles, and keeps its plan. The old state is read whole: a result's
-        groups, not the input's rows."""
+        Every group gets a row, and every old row is retracted: an untouched group's new
+        row equals its old one, and the consolidation after drops both. That reads the
+        result's old rows twice and ``change`` once, with neither a join nor a generator,
+        so that a small epoch's statement computes nothing apart, shuffles nothing and keeps
+        its plan. (Its cost grows with the result's groups, not with the input.)"""
         diff = ident(DIFF)
         contributions = {TUPLES: diff}
         for s in self.specs:
             if s.fn in ("sum", "avg"):
                 contributions[s.hidden_sum or s.column] = f"{ident(s.source)} * {diff}"
-        accumulators = list(contributions)
         group = [ident(g) for g in self.group]
-        old = cx.define(zset.present(self.state(cx, Version.OLD), self.names))
-        rows = (f"SELECT {', '.join(group + [ident(n) for n in accumulators])}, 0 AS `_new` FROM {old} UNION ALL "
-                f"SELECT {', '.join(group + [f'{sql} AS {ident(n)}' for n, sql in contributions.items()])}, "
-                f"1 AS `_new` FROM {change}")
-        olds = [f"MAX(CASE WHEN `_new` = 0 THEN {ident(n)} END) AS `_o{i}`" for i, n in enumerate(accumulators)]
-        adds = [f"SUM(CASE WHEN `_new` = 1 THEN {ident(n)} END) AS `_a{i}`" for i, n in enumerate(accumulators)]
+        old = ", ".join(group + [ident(n) for n in contributions])
+        new = ", ".join(group + [f"{sql} AS {ident(n)}" for n, sql in contributions.items()])
+        both = f"SELECT {old} FROM {old_rows} UNION ALL SELECT {new} FROM {change}"
+        sums = [f"SUM({ident(n)}) AS {ident(n)}" for n in contributions]
         by = f" GROUP BY {', '.join(group)}" if group else ""
-        touched = f"SELECT {', '.join(group + olds + adds)} FROM ({rows}){by} HAVING MAX(`_new`) = 1"
-        old_values = [f"coalesce(`_o{i}`, 0)" for i in range(len(accumulators))]
-        new_values = [f"coalesce(`_o{i}`, 0) + coalesce(`_a{i}`, 0)" for i in range(len(accumulators))]
-        both = (f"stack(2, {', '.join(old_values)}, CAST(-1 AS BIGINT), {', '.join(new_values)}, CAST(1 AS BIGINT)) "
-                f"AS ({', '.join(ident(n) for n in accumulators)}, {diff})")
-        stacked = f"SELECT {', '.join(group + [both])} FROM ({touched})"
         tuples = ident(TUPLES)
+        summed = f"SELECT {', '.join(group + sums)} FROM ({both}){by} HAVING SUM({tuples}) > 0"
         shown = {}
         for s in self.specs:
             if s.fn == "count":
                 shown[s.column] = tuples
             elif s.fn == "avg":
-                shown[s.column] = f"CAST({ident(s.hidden_sum)} AS DOUBLE) / CAST(greatest({tuples}, 1) AS DOUBLE)"
+                shown[s.column] = f"CAST({ident(s.hidden_sum)} AS DOUBLE) / CAST({tuples} AS DOUBLE)"
         outs = [f"{shown[n]} AS {ident(n)}" if n in shown else ident(n) for n in self.names]
-        return f"SELECT {', '.join(outs)}, {diff} FROM ({stacked}) WHERE {tuples} > 0"
+        return f"SELECT {', '.join(outs)}, CAST(1 AS BIGINT) AS {diff} FROM ({summed})"
 
     def _delta(self, cx):
         return self.state_delta(cx)

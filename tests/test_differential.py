@@ -127,7 +127,7 @@ CATALOG = [
     ("[:find ?t (distinct ?e) (min 2 ?e) (max 2 ?e) :where [?e :d/tag ?t]]", (), "set"),
     ("[:find ?e (sum ?s) (min ?n) :with ?f :where [?e :d/friend ?f] [?f :d/score ?s] [?e :d/name ?n]]", (), "set"),
     ("[:find ?a (count ?b) :where (mutual ?a ?b) (not [?b :d/flag true])]", (), "set"),
-    # accumulated (count, sum, avg): without a Distinct where derivations are unique, over one where not
+    # accumulated (count, sum, avg): a double sum and a long average whose groups come and go; over a multiset attribute
     ("[:find ?e (avg ?a) (sum ?s) (count ?a) :with ?f :where [?e :d/friend ?f] [?f :d/age ?a] [?f :d/score ?s]]",
      (), "set"),
     ("[:find ?t (count ?e) (sum ?a) :where [?e :d/tag ?t] [?e :d/age ?a]]", (), "set"),

@@ -150,11 +150,7 @@ def _aggregation(query: Query, pc: PlanContext, scope: Scope, projected: Node, f
     for a in aggregates:
         col = scope.col(a.var)
         specs.append(aggregate_spec(a.fn, a.params, col, projected.kind_of(col), pc.column(a.fn), show(a)))
-    output = find_vars + [a.var for a in aggregates] + list(query.with_vars)
-    if all(s.accumulated for s in specs) and _unique_derivations(query, pc, output):
-        tuples = projected  # already a set, and accumulating reads only its changes
-    else:
-        tuples = pc.distinct(projected, "aggregate input")
+    tuples = pc.distinct(projected, "aggregate input")
     slot = pc.private_trace("result", reduce_columns(tuples, group, specs), tuple(group), "result")
     result = Reduce(tuples, group, specs, slot)
     by_agg = dict(zip(aggregates, specs))

@@ -351,3 +351,12 @@ def test_bulk_epochs_match_the_oracle_whether_joins_run_pipelines_or_take_differ
     monkeypatch.setattr(delta, "REBUILT_FROM", 2)
     run_stream(spark, 301, epochs=6, queries=JOIN_CATALOG, join=join, config=EngineConfig(local_limit=0),
                part=(STRATEGIES.index(join) - 1, 2), transaction=rewired_friendships)
+
+
+def test_accumulated_aggregates_read_by_touched_groups_match_the_oracle(spark, monkeypatch):
+    # every result counts as large, so accumulating epochs read the touched groups' old rows only
+    import factflow.dataflow.aggregate as aggregate
+    monkeypatch.setattr(aggregate, "WHOLE_RESULT_ROWS", 0)
+    accumulated = [q for q in CATALOG if any(f in q[0] for f in ("(count ?e)", "(avg ?a) (sum ?s)", "(count ?b)"))]
+    assert len(accumulated) == 4
+    run_stream(spark, 53, epochs=8, queries=accumulated, join="delta")

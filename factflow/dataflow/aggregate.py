@@ -32,7 +32,6 @@ from typing import Any, Callable, Sequence
 from factflow.arrangement.batch import DIFF
 from factflow.dataflow import zset
 from factflow.dataflow.context import Version
-from factflow.dataflow.lookup import TRACE_DIFF
 from factflow.dataflow.nodes import Columns, Node, Stateful
 from factflow.dataflow.slots import TraceSlot
 from factflow.dataflow.zset import ident
@@ -169,15 +168,12 @@ class Reduce(Stateful):
     def _old_rows(self, cx, change: str) -> str:
         """The old rows an accumulating epoch reads, each present row once (diff 1): every
         group's while the result holds at most ``WHOLE_RESULT_ROWS`` rows, else those of the
-        groups ``change`` touches (probed by key in a small epoch). Reading the whole result
-        reads ``change`` once, so a small epoch's statement keeps its plan; picking the
-        touched groups reads it twice, and Spark then computes it apart and plans the
-        statement anew each epoch, which costs less than reading a large result."""
+        groups ``change`` touches. Reading the whole result reads ``change`` once, so a small
+        epoch's statement keeps its plan; picking the touched groups reads it twice, and
+        Spark then computes it apart and plans the statement anew each epoch, which costs
+        less than aggregating a large result."""
         if not self.group or self.handle is None or self.handle.tuples <= WHOLE_RESULT_ROWS:
             return cx.define(zset.present(self.state(cx, Version.OLD), self.names))
-        probed = self.probe_old(cx, change, self.child.columns, self.group, how="semi", present=True)
-        if probed is not None:
-            return cx.define(zset.select(probed, self.names, diff=ident(TRACE_DIFF)))
         touched = cx.define(zset.semijoin(self.state(cx, Version.OLD), change, self.group))
         return cx.define(zset.present(touched, self.names))
 

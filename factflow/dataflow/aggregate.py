@@ -72,6 +72,12 @@ class AggregateSpec:
         """The hidden column holding the sum behind an average (None for other aggregates)."""
         return f"_sum_{self.column}" if self.fn == "avg" else None
 
+    @property
+    def summed(self) -> str | None:
+        """The column an accumulating Reduce keeps this aggregate's sum in: its own for
+        ``sum``, the hidden one for ``avg`` (None for ``count``, which is the tuple count)."""
+        return {"sum": self.column, "avg": self.hidden_sum}.get(self.fn)
+
 
 def aggregate_spec(fn: str, params: Sequence[Any], column: str, kind: Kind, out: str, where: str) -> AggregateSpec:
     """The spec of aggregate ``fn`` over ``column`` (of ``kind``), output as ``out``."""
@@ -172,7 +178,7 @@ class Reduce(Stateful):
         epoch's statement keeps its plan; picking the touched groups reads it twice, and
         Spark then computes it apart and plans the statement anew each epoch, which costs
         less than aggregating a large result."""
-        if not self.group or self.handle is None or self.handle.tuples <= WHOLE_RESULT_ROWS:
+        if not self.group or self.handle.tuples <= WHOLE_RESULT_ROWS:
             return cx.define(zset.present(self.state(cx, Version.OLD), self.names))
         touched = cx.define(zset.semijoin(self.state(cx, Version.OLD), change, self.group))
         return cx.define(zset.present(touched, self.names))
@@ -186,10 +192,7 @@ class Reduce(Stateful):
         and the consolidation after drops both. (The cost grows with the old rows read,
         see :meth:`_old_rows`, never with the input.)"""
         diff = ident(DIFF)
-        contributions = {TUPLES: diff}
-        for s in self.specs:
-            if s.fn in ("sum", "avg"):
-                contributions[s.hidden_sum or s.column] = f"{ident(s.source)} * {diff}"
+        contributions = {TUPLES: diff, **{s.summed: f"{ident(s.source)} * {diff}" for s in self.specs if s.summed}}
         group = [ident(g) for g in self.group]
         old = ", ".join(group + [ident(n) for n in contributions])
         new = ", ".join(group + [f"{sql} AS {ident(n)}" for n, sql in contributions.items()])

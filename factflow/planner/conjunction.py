@@ -462,8 +462,9 @@ def _plan_aggregate_rule(name: str, bodies: Sequence[Rule], pc: PlanContext,
     """The relation of an aggregate rule: its body's distinct bindings (every variable of
     the body, as SQL aggregates rows, not Datomic's ``:find`` the set of find tuples),
     grouped by the head's plain variables, each aggregate computed per group (a Reduce,
-    which changes only the groups a change touches; its hidden accumulators projected away). The head lists the aggregates
-    after the plain variables (the parser makes sure), the order of Reduce's columns."""
+    which changes only the groups a change touches; its hidden accumulators projected
+    away). The head lists the aggregates after the plain variables (the parser makes
+    sure), the order of Reduce's columns."""
     if len(bodies) != 1:
         raise QueryError(f"rule {name}: an aggregate rule has one body, it has {len(bodies)}")
     body = bodies[0]

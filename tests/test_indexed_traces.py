@@ -148,3 +148,28 @@ def test_long_hash_is_sparks_xxhash64(spark):
     assert np.array_equal(index.long_hash([hashed.column("a")]), hashed.column("h1").to_numpy())
     assert np.array_equal(index.long_hash([hashed.column("a"), hashed.column("b")]), hashed.column("h2").to_numpy())
     assert index.long_hash([pa.array([None], pa.int64())]).tolist() == [42]  # the seed, unchanged
+
+
+def test_probe_views_read_twice_and_persisted_hold_no_common_table_expression(spark):
+    """A probe's view is a statement of its own that later statements read, often more than
+    once, and persist (:meth:`EpochContext.persist_shared`). Spark 4.1 mishandles a ``WITH``
+    entry inside such a view (a worst-case optimal stage of TPC-H's Q5 failed with "Could
+    not find _w"), so view definitions write their shared subqueries in place."""
+    from factflow.dataflow.context import EpochContext
+
+    cx = EpochContext(1, spark, small=True)
+    try:
+        base = cx.define("SELECT id AS `o`, id * 10 AS `c` FROM range(3)")
+        pair = cx.define(f"SELECT a.`o`, b.`c` FROM {base} a JOIN {base} b ON a.`o` = b.`o`")
+        nominated = cx.define(f"SELECT *, CASE WHEN `o` <= `c` THEN 0 ELSE 1 END AS `_w` FROM {pair}")
+        split = cx.define(f"SELECT `o`, `c` FROM {nominated} WHERE `_w` = 0 "
+                          f"UNION ALL SELECT `o`, `c` FROM {nominated} WHERE `_w` = 1")
+        inner = cx.register(cx.frame(split))
+        joined = cx.define(f"SELECT a.`o`, b.`c` FROM {inner} a JOIN {inner} b ON a.`o` = b.`o`")
+        outer = cx.register(cx.frame(cx.define(f"SELECT * FROM {joined} UNION ALL SELECT * FROM {joined}")))
+        frame = spark.sql(cx.statement(f"SELECT a.`o`, b.`c` FROM {outer} a JOIN {outer} b ON a.`o` = b.`o` "
+                                       f"UNION ALL SELECT `o`, `c` FROM {inner}"))
+        assert cx.persist_shared(frame)
+        assert sorted(tuple(r) for r in frame.collect()) == sorted([(o, 10 * o) for o in range(3)] * 5)
+    finally:
+        cx.release()

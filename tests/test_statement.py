@@ -85,3 +85,14 @@ def test_an_entry_read_twice_that_probes_a_trace_is_computed_once_in_a_short_sta
     assert set(entries) == {"__r2", "__r3"}
     assert entries["__r2"].endswith(" WHERE rand() >= 0)")
     assert "rand()" not in entries["__r3"]
+
+
+def test_a_view_definition_writes_every_subquery_in_place():
+    """The definition of a view (``inline``) has no ``WITH`` clause: a shared subquery is
+    copied where it is read, and one named as a qualifier keeps its name as the alias."""
+    s = Statement()
+    base = s.define("SELECT 1 AS `x`")
+    pair = s.define(f"SELECT l.`x` FROM {base} l JOIN {base} r ON l.`x` = r.`x`")
+    assert s.render(f"SELECT * FROM {pair}", inline=True) == (
+        "SELECT * FROM (SELECT l.`x` FROM (SELECT 1 AS `x`) l JOIN (SELECT 1 AS `x`) r ON l.`x` = r.`x`) __r2")
+    assert s.render(f"SELECT {base}.`x` FROM {base}", inline=True) == "SELECT __r1.`x` FROM (SELECT 1 AS `x`) __r1"

@@ -77,8 +77,10 @@ class EpochContext:
         return self._sql.define(sql, self._single_partition)
 
     def frame(self, relation: str) -> "DataFrame":
-        """A relation of this evaluation as a lazy DataFrame (to apply a task-side function)."""
-        return self.spark.sql(self.statement(f"SELECT * FROM {relation}"))
+        """A relation of this evaluation as a lazy DataFrame (to apply a task-side function
+        and register the result as a view): its subqueries all written in place
+        (:meth:`view_statement`)."""
+        return self.spark.sql(self.view_statement(f"SELECT * FROM {relation}"))
 
     def register(self, frame: "DataFrame") -> str:
         """Name a probe's DataFrame for the SQL of this evaluation (dropped when it ends;
@@ -160,3 +162,13 @@ class EpochContext:
     def statement(self, sql: str) -> str:
         """``sql`` preceded by the named subqueries it (transitively) uses."""
         return self._sql.render(sql)
+
+    def view_statement(self, sql: str) -> str:
+        """``sql`` with the named subqueries it uses written in place, without a ``WITH``
+        clause: the definition of a view that other statements read. Spark 4.1's optimizer
+        mishandles a CTE inside a view that a statement reads more than once or that is
+        persisted (:meth:`persist_shared`): it inlined one copy's definition under another
+        copy's references (a worst-case optimal stage of TPC-H's Q5 failed with "Could not
+        find _w"), or failed to find the CTE (``PushdownPredicatesAndPruneColumnsForCTEDef``).
+        Spark inlines such entries wherever they are read anyway."""
+        return self._sql.render(sql, inline=True)

@@ -141,7 +141,7 @@ def _run(cx: EpochContext, probes: Probes, source: str) -> str:
     parameters = binder.relation(pd.DataFrame({PROBE_PARAMETERS: [ParameterizedProbes.parameters_of(probes)]}),
                                  _PARAMETERS_SCHEMA)
     parameterized = ParameterizedProbes.of(probes)
-    text = cx.statement(f"SELECT * FROM {source}")
+    text = cx.view_statement(f"SELECT * FROM {source}")
 
     def build() -> "DataFrame":
         rows = cx.spark.sql(f"SELECT * FROM {parameters}").unionByName(cx.spark.sql(text), allowMissingColumns=True)

@@ -87,9 +87,10 @@ class Statement:
         self._defs[name] = sql
         return name
 
-    def render(self, sql: str) -> str:
+    def render(self, sql: str, inline: bool = False) -> str:
         """``sql`` with the named subqueries it (transitively) uses: in a ``WITH`` clause
-        those referenced more than once, in place the others."""
+        those referenced more than once, in place the others; with ``inline``, every one in
+        place (for a view's definition, see :meth:`factflow.dataflow.context.EpochContext.frame`)."""
         needed: list[str] = []
         references: Counter[str] = Counter()
 
@@ -101,12 +102,15 @@ class Statement:
                     needed.append(name)
 
         visit(sql)
+        if inline:
+            references = Counter(dict.fromkeys(needed, 1))
         shared = [name for name in needed if references[name] > 1]
 
         def expand(text: str) -> str:
             def replace(match: re.Match) -> str:
                 name = match.group(1)
-                if name is None or name not in self._defs or references[name] > 1:
+                if (name is None or name not in self._defs or references[name] > 1
+                        or text.startswith(".", match.end())):  # a qualifier: the relation's alias
                     return match.group(0)
                 aliased = _NOT_ALIAS.match(text, match.end()) is None
                 return f"({expand(self._defs[name])})" + ("" if aliased else f" {name}")

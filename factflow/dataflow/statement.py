@@ -90,7 +90,7 @@ class Statement:
     def render(self, sql: str, inline: bool = False) -> str:
         """``sql`` with the named subqueries it (transitively) uses: in a ``WITH`` clause
         those referenced more than once, in place the others; with ``inline``, every one in
-        place (for a view's definition, see :meth:`factflow.dataflow.context.EpochContext.frame`)."""
+        place (a view's definition, see :meth:`factflow.dataflow.context.EpochContext.view_statement`)."""
         needed: list[str] = []
         references: Counter[str] = Counter()
 

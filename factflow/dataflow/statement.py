@@ -102,14 +102,13 @@ class Statement:
                     needed.append(name)
 
         visit(sql)
-        if inline:
-            references = Counter(dict.fromkeys(needed, 1))
-        shared = [name for name in needed if references[name] > 1]
+        shared = [] if inline else [name for name in needed if references[name] > 1]
+        kept_named = set(shared)
 
         def expand(text: str) -> str:
             def replace(match: re.Match) -> str:
                 name = match.group(1)
-                if (name is None or name not in self._defs or references[name] > 1
+                if (name is None or name not in self._defs or name in kept_named
                         or text.startswith(".", match.end())):  # a qualifier: the relation's alias
                     return match.group(0)
                 aliased = _NOT_ALIAS.match(text, match.end()) is None

@@ -77,7 +77,41 @@ def test_plans_that_cannot_run_again_soundly_are_not_kept(spark, binder):
                 assert bound.run(spark, text).num_rows == 2
         finally:
             spark.conf.set("spark.sql.shuffle.partitions", before)
-    assert (binder.planned, binder.reused) == (2, 0)
+    assert (binder.planned, binder.reused, binder.reanalysed) == (2, 0, 1)
+
+
+def test_a_plan_that_cannot_run_again_is_planned_from_its_kept_analysis_with_the_rows_of_its_run(spark, binder):
+    """A statement that persists a probe it reads twice (as small epochs persist their
+    shared probes) is planned anew every time, from its kept analysed plan after the first:
+    ``prepare`` gets the same counts of the views it reads, persists that run's probe, and
+    the result is of the rows bound for that run."""
+    seen = []
+
+    def run(rows: list[tuple[int, str]]) -> list[tuple[str, int]]:
+        with bound.binding(binder):
+            relation = binder.relation(_frame(rows), SCHEMA)
+            definition = f"SELECT e, v FROM {relation} WHERE e > 0"
+            view, probe = binder.probe_view(definition, lambda: spark.sql(definition))
+            persisted = []
+
+            def prepare(frame, reads) -> bool:
+                seen.append(reads[view])
+                persisted.append(probe.persist())
+                return True
+
+            try:
+                table = bound.run(spark, f"SELECT a.v, count(*) AS n FROM {view} a JOIN {view} b ON a.e = b.e "
+                                         "GROUP BY a.v", prepare)
+            finally:
+                for frame in persisted:
+                    frame.unpersist()
+        return sorted(zip(table.column("v").to_pylist(), table.column("n").to_pylist()))
+
+    assert run([(1, "a"), (2, "a"), (0, "z")]) == [("a", 2)]
+    assert run([(3, "b")]) == [("b", 1)]
+    assert run([(4, "c"), (5, "d"), (6, "c")]) == [("c", 2), ("d", 1)]
+    assert (binder.planned, binder.reused, binder.reanalysed) == (3, 0, 2)
+    assert seen == [2, 2, 2]
 
 
 def test_kept_plans_hold_no_more_than_their_memory_by_the_length_of_their_text(spark):
@@ -110,7 +144,7 @@ def test_a_kept_plan_is_dropped_with_a_view_it_reads(spark, binder):
         finally:
             drop_view(spark, view_again)
         bound.run(spark, "SELECT 1 AS one")  # a kept plan is dropped at the next run after its view
-    assert not any(views for _, views in binder._plans.values()), "no plan outlives the views it reads"
+    assert not any(kept.views for kept in binder._plans.values()), "no plan outlives the views it reads"
 
 
 def test_statements_without_an_active_binder_are_planned_as_before(spark, binder):

@@ -155,6 +155,7 @@ def test_probe_views_read_twice_and_persisted_hold_no_common_table_expression(sp
     once, and persist (:meth:`EpochContext.persist_shared`). Spark 4.1 mishandles a ``WITH``
     entry inside such a view (a worst-case optimal stage of TPC-H's Q5 failed with "Could
     not find _w"), so view definitions write their shared subqueries in place."""
+    from factflow.arrangement.bound import analysed_views
     from factflow.dataflow.context import EpochContext
 
     cx = EpochContext(1, spark, small=True)
@@ -169,7 +170,7 @@ def test_probe_views_read_twice_and_persisted_hold_no_common_table_expression(sp
         outer = cx.register(cx.frame(cx.define(f"SELECT * FROM {joined} UNION ALL SELECT * FROM {joined}")))
         frame = spark.sql(cx.statement(f"SELECT a.`o`, b.`c` FROM {outer} a JOIN {outer} b ON a.`o` = b.`o` "
                                        f"UNION ALL SELECT `o`, `c` FROM {inner}"))
-        assert cx.persist_shared(frame)
+        assert cx.persist_shared(frame, analysed_views(frame))
         assert sorted(tuple(r) for r in frame.collect()) == sorted([(o, 10 * o) for o in range(3)] * 5)
     finally:
         cx.release()

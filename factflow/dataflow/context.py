@@ -9,6 +9,8 @@ from factflow.arrangement.views import PROBE_VIEW_PREFIX, drop_view, register_vi
 from factflow.dataflow.statement import Statement
 
 if TYPE_CHECKING:  # pragma: no cover
+    from collections import Counter
+
     from pyspark.sql import DataFrame, SparkSession
 
     from factflow.arrangement.index import ProbeChain
@@ -97,7 +99,7 @@ class EpochContext:
         self.probes_registered.append((view, frame))
         return view
 
-    def persist_shared(self, frame: "DataFrame") -> bool:
+    def persist_shared(self, frame: "DataFrame", reads: "Counter[str]") -> bool:
         """Persist, until this evaluation ends, every probe that ``frame`` (a statement about
         to run) reads more than once, so that it runs once.
 
@@ -109,17 +111,18 @@ class EpochContext:
         more than it saves (persisting every probe made the heavier epochs of the
         worst-case optimal triangles over oregon1 a fifth slower).
 
-        Returns whether ``frame`` reads a persisted probe (a plan that does must not be kept
-        for later epochs, see :mod:`factflow.arrangement.bound`)."""
+        ``reads`` counts the views ``frame``'s analysed plan reads
+        (:func:`factflow.arrangement.bound.analysed_views`). Returns whether ``frame`` reads a
+        persisted probe (a plan that does must not be run again in later epochs, see
+        :mod:`factflow.arrangement.bound`)."""
         if not self.probes_registered:
             return False
-        plan = frame._jdf.queryExecution().analyzed().toString()
         held = {id(p) for p in self.persisted}
         for view, probe in self.probes_registered:
-            if id(probe) not in held and plan.count(f"View (`{view}`") > 1:
+            if id(probe) not in held and reads[view] > 1:
                 self.persisted.append(probe.persist())
                 held.add(id(probe))
-        return any(f"View (`{view}`" in plan for view, probe in self.probes_registered if id(probe) in held)
+        return any(reads[view] for view, probe in self.probes_registered if id(probe) in held)
 
     def release(self) -> None:
         """Drop the views registered for this evaluation and unpersist its probes."""

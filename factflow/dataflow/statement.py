@@ -56,8 +56,9 @@ class Statement:
     a view :class:`~factflow.dataflow.context.EpochContext` registered for a probe, directly
     or through another entry) is computed once: inlined, every copy ran its probes again,
     each a Python worker in the statement's task (one small epoch of TPC-H's Q1, a pipeline
-    of lookups whose every step keeps its state, ran 81 probes). Such a statement is never
-    kept for later epochs anyway (its probes' views last one epoch).
+    of lookups whose every step keeps its state, ran 81 probes). Such a statement's plan is
+    not run again in later epochs (its exchange would be reused); its analysed plan may be
+    (:mod:`factflow.arrangement.bound`).
 
     A ``single_partition`` statement (a small epoch's, planned with
     ``EngineConfig.small_conf``, whose local relations are coalesced into one partition

@@ -92,7 +92,7 @@ def run_epoch(state: EngineState, tx: Any, group_prefix: str, epoch_log: list[Ep
             raise TransactionError(f"attribute {reserved.name} is maintained by the engine (introspection); "
                                    "transactions cannot write it")
         binder = state.binder if prepared.small else None  # small epochs reuse their plans
-        counted = (binder.planned, binder.reused) if binder is not None else (0, 0)
+        counted = (binder.planned, binder.reused, binder.reanalysed) if binder is not None else (0, 0, 0)
         with binding(binder):
             changed, watched = apply_changes(state, prepared, epoch, known)
         phases["changes"] = time.perf_counter() - started
@@ -132,10 +132,12 @@ def run_epoch(state: EngineState, tx: Any, group_prefix: str, epoch_log: list[Ep
     state.advance(epoch)
     deliveries.put(epoch, notices)
     state.defer_maintenance(epoch, changed, affected)
-    planned, reused = (binder.planned - counted[0], binder.reused - counted[1]) if binder is not None else (0, 0)
+    planned, reused, reanalysed = ((binder.planned - counted[0], binder.reused - counted[1],
+                                    binder.reanalysed - counted[2]) if binder is not None else (0, 0, 0))
     report = EpochReport(epoch, prepared.rows, sum(changed.values()), [q.name for q in affected],
                          spark_jobs(spark, group), time.perf_counter() - started, phases, kept_in_spark=kept,
-                         statements=planned + reused, plans_reused=reused, time=time.time(),
+                         statements=planned + reused, plans_reused=reused, analyses_reused=reanalysed,
+                         time=time.time(),
                          changed=[n.source.name for n in notices if isinstance(n.source, Query)])
     epoch_log.append(report)
     if log.isEnabledFor(logging.INFO):

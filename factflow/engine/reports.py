@@ -44,7 +44,9 @@ class EpochReport:
     them, because they exceeded their share of ``EngineConfig.fetch_limit`` rows or
     ``spark.driver.maxResultSize`` (each costs a Spark job of its own). ``plans_reused``
     counts the epoch's statements that ran from a plan kept since an earlier epoch
-    (``EngineConfig.reuse_plans``), of ``statements`` it ran in small-epoch form.
+    (``EngineConfig.reuse_plans``), of ``statements`` it ran in small-epoch form, and
+    ``analyses_reused`` those planned anew from an analysed plan kept since an earlier epoch
+    (statements whose plans cannot run again, :mod:`factflow.arrangement.bound`).
     ``time`` is when it committed (seconds since the Unix epoch); ``changed`` names the
     queries whose result it changed, among those whose changes are computed (queries with
     subscribers or sinks).
@@ -62,6 +64,7 @@ class EpochReport:
     kept_in_spark: list[str] = field(default_factory=list)
     statements: int = 0
     plans_reused: int = 0
+    analyses_reused: int = 0
     time: float = 0.0
     changed: list[str] = field(default_factory=list)
 
@@ -70,7 +73,8 @@ class EpochReport:
         operations = plural(self.operations, "operation") if self.operations is not None else "? operations"
         lines = [f"epoch {self.epoch}: {operations} -> {plural(self.changes, 'change')}, "
                  f"{plural(len(self.queries), 'query', 'queries')} updated, {plural(len(self.jobs), 'Spark job')} "
-                 f"({self.plans_reused} of {plural(self.statements, 'statement')} from kept plans), {self.seconds:.3f}s "
+                 f"({self.plans_reused} of {plural(self.statements, 'statement')} from kept plans, "
+                 f"{self.analyses_reused} from kept analyses), {self.seconds:.3f}s "
                  + " ".join(f"{k}={v:.3f}s" for k, v in self.phases.items())]
         if self.kept_in_spark:
             lines.append(f"  kept in Spark (over the driver fetch limit): {', '.join(self.kept_in_spark)}")

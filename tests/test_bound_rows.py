@@ -94,8 +94,8 @@ def test_a_plan_that_cannot_run_again_is_planned_from_its_kept_analysis_with_the
             view, probe = binder.probe_view(definition, lambda: spark.sql(definition))
             persisted = []
 
-            def prepare(frame, reads) -> bool:
-                seen.append(reads[view])
+            def prepare(reads) -> bool:
+                seen.append(reads()[view])
                 persisted.append(probe.persist())
                 return True
 

@@ -294,7 +294,7 @@ def test_an_evaluation_persists_the_probes_its_statement_reads_more_than_once(sp
     second = spark.sql(f"SELECT * FROM {below} WHERE id > 2").mapInArrow(same, "id long")
     above = cx.register(second)
     statement = spark.sql(f"SELECT * FROM {below} UNION ALL SELECT * FROM {above}")
-    cx.persist_shared(statement, analysed_views(statement))
+    cx.persist_shared(lambda: analysed_views(statement))
     assert first.is_cached and not second.is_cached
     assert statement._jdf.queryExecution().executedPlan().toString().count("InMemoryTableScan") == 2
     assert sorted(r.id for r in statement.collect()) == sorted(list(range(10)) + list(range(3, 10)))

@@ -170,7 +170,7 @@ def test_probe_views_read_twice_and_persisted_hold_no_common_table_expression(sp
         outer = cx.register(cx.frame(cx.define(f"SELECT * FROM {joined} UNION ALL SELECT * FROM {joined}")))
         frame = spark.sql(cx.statement(f"SELECT a.`o`, b.`c` FROM {outer} a JOIN {outer} b ON a.`o` = b.`o` "
                                        f"UNION ALL SELECT `o`, `c` FROM {inner}"))
-        assert cx.persist_shared(frame, analysed_views(frame))
+        assert cx.persist_shared(lambda: analysed_views(frame))
         assert sorted(tuple(r) for r in frame.collect()) == sorted([(o, 10 * o) for o in range(3)] * 5)
     finally:
         cx.release()

@@ -18,38 +18,39 @@ slots' new rows when its tasks run. Empty relations are still written inline, so
 Spark's optimizer drops what they make empty (most of a 1-change epoch's pipelines); a
 shape is thus the set of non-empty inputs, which is what the plan depends on.
 
-A plan is kept only if running it again is sound: without exchanges (their shuffle
-output is reused by a second run) or subqueries (their results are computed once), not
-reading a persisted probe (see ``EpochContext.persist_shared``), and reading no view but
-the binder's own and views that outlive epochs (stored batches, constant relations:
+A plan is kept only if running it again is sound: without exchanges (their shuffle output
+is reused by a second run) or subqueries (their results are computed once), not reading a
+persisted probe (see ``EpochContext.persist_shared``), and reading no view but the
+binder's own and views that outlive epochs (stored batches, constant relations:
 :func:`factflow.arrangement.views.lasting_views`); a kept plan is dropped once one of
 those views is. A statement whose plan cannot be run again keeps its *analysed* plan
 under the same conditions on views: the next epoch of its shape plans it from there
 (Spark's optimizer, the persisted probes of that epoch and physical planning, all anew)
-without parsing and analysing its text again, nor reading which probes it shares from
-the analysed plan's text. That was a third of the planning of a small TPC-H epoch's
-query statement (0.2-0.35 s of about 1.1 s for Q14, whose shared probes are persisted
-and whose statement computes entries once through an exchange). A probe of an index (:mod:`factflow.arrangement.index`) is a Python
-function in the plan; while a binder is active it is *parameterized*: what changes from
-epoch to epoch (the files and local batches it reads, the epoch) is bound to a slot like
-any rows, and its view is the binder's, named for what it means (:meth:`Binder.probe_view`),
-so statements that probe can be kept too. At most ``capacity`` plans are kept, the least
-recently used dropped first, and no more than an eighth of the driver's heap by their
-estimated size: a kept plan holds its statement's analyzed, optimized and physical plans,
-about a kilobyte per character of the statement (a small epoch of 22 TPC-H queries plans
-statements of 180,000 characters, whose kept plans held about 150 MB each: 64 of them
-were more than a 2 GiB driver has, and planning the next such statement needs several
-hundred MB while it runs).
+without parsing and analysing its text again, nor reading which probes it shares from the
+analysed plan's text. That was a third of the planning of a small TPC-H epoch's query
+statement (0.2-0.35 s of about 1.1 s for Q14, whose shared probes are persisted and whose
+statement computes entries once through an exchange). A probe of an index
+(:mod:`factflow.arrangement.index`) is a Python function in the plan; while a binder is
+active it is *parameterized*: what changes from epoch to epoch (the files and local
+batches it reads, the epoch) is bound to a slot like any rows, and its view is the
+binder's, named for what it means (:meth:`Binder.probe_view`), so statements that probe
+can be kept too. At most ``capacity`` plans are kept, the least recently used dropped
+first, and no more than an eighth of the driver's heap by their estimated size: a kept
+plan holds its statement's analyzed, optimized and physical plans, about a kilobyte per
+character of the statement (a small epoch of 22 TPC-H queries plans statements of 180,000
+characters, whose kept plans held about 150 MB each: 64 of them were more than a 2 GiB
+driver has, and planning the next such statement needs several hundred MB while it runs).
 
 Slots live in the driver's JVM; a task takes its slots' rows with it, written into the
 task when Spark serializes it to launch it (``BoundRows``' partitions), so executors on
-other hosts read them as tasks in the driver's JVM do. Binding needs factflow's jar on the
-driver's class path and, on a cluster, shipped to the executors, as factflow's own
+other hosts read them as tasks in the driver's JVM do. Binding needs factflow's jar on
+the driver's class path and, on a cluster, shipped to the executors, as factflow's own
 sessions have it (:func:`supported`); elsewhere statements are planned every time.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import re
@@ -217,8 +218,8 @@ class Binder:
 
     def run(self, sql: str, prepare: "Prepare | None" = None) -> pa.Table:
         """The rows of ``sql`` as Arrow, from the plan kept for this text when there is one
-        (or planned from its kept analysed plan); ``prepare`` is called with a DataFrame
-        planned anew before it runs, and the views its analysed plan reads, and returns
+        (or planned from its kept analysed plan); ``prepare`` is called before a statement
+        planned anew runs, with what gives the views its analysed plan reads, and returns
         whether it changed what the plan reads (persisted part of it): such a plan is kept
         only analysed."""
         lasting = lasting_views()
@@ -233,12 +234,12 @@ class Binder:
             self.reanalysed += 1
             frame = _from_analysed(self.spark, kept.frame._jdf.queryExecution().analyzed())
             if prepare is not None:
-                prepare(frame, kept.reads)
+                prepare(kept.reads)
             self.planned += 1
             return frame.toArrow()
         frame = self.spark.sql(sql)
-        reads = analysed_views(frame)
-        prepared = prepare(frame, reads) if prepare is not None else False
+        reads = _counted_once(frame)
+        prepared = prepare(reads) if prepare is not None else False
         table = frame.toArrow()
         self.planned += 1
         views = self._views_read(sql)
@@ -281,18 +282,19 @@ class Binder:
         self._probe_characters = 0
 
 
-#: what :func:`run` calls before a statement planned anew runs (see :meth:`Binder.run`)
-Prepare = Callable[["DataFrame", Counter[str]], bool]
+#: what :func:`run` calls before a statement planned anew runs, with what gives the views its
+#: analysed plan reads (:func:`analysed_views`); see :meth:`Binder.run`
+Prepare = Callable[[Callable[[], Counter[str]]], bool]
 
 
 class _Kept(NamedTuple):
     """What a :class:`Binder` keeps of a statement: its DataFrame (``runnable``: run it
     again; else only its analysed plan counts), the views it reads (``Binder._views_read``)
-    and the views its analysed plan reads (:func:`analysed_views`)."""
+    and what gives the views its analysed plan reads (:func:`analysed_views`)."""
 
     frame: "DataFrame"
     views: frozenset[str]
-    reads: Counter[str]
+    reads: Callable[[], Counter[str]]
     runnable: bool
 
 
@@ -316,21 +318,32 @@ def binding(binder: Binder | None) -> Iterator[None]:
 
 def run(spark: "SparkSession", sql: str, prepare: "Prepare | None" = None) -> pa.Table:
     """The rows of ``sql`` as Arrow: through the active binder's kept plans, if one is active.
-    ``prepare`` is called with the statement's DataFrame and the views its analysed plan
-    reads (:func:`analysed_views`) before it runs, unless a kept plan runs."""
+    ``prepare`` is called with what gives the views the statement's analysed plan reads
+    (:func:`analysed_views`) before it runs, unless a kept plan runs."""
     binder = current()
     if binder is not None:
         return binder.run(sql, prepare)
     frame = spark.sql(sql)
     if prepare is not None:
-        prepare(frame, analysed_views(frame))
+        prepare(_counted_once(frame))
     return frame.toArrow()
 
 
 def analysed_views(frame: "DataFrame") -> Counter[str]:
     """The views ``frame``'s analysed plan reads, each as often as it appears there (a view
     read by a view read twice counts twice)."""
-    return Counter(_ANALYSED_VIEW.findall(frame._jdf.queryExecution().analyzed().toString()))
+    return _views_in(frame._jdf.queryExecution().analyzed())
+
+
+def _views_in(plan: object) -> Counter[str]:
+    """:func:`analysed_views` of an analysed logical plan (a JVM object)."""
+    return Counter(_ANALYSED_VIEW.findall(plan.toString()))
+
+
+def _counted_once(frame: "DataFrame") -> "Callable[[], Counter[str]]":
+    """:func:`analysed_views` of ``frame``, computed when first asked for and then
+    remembered (the plan's text costs up to 0.1 s, and most statements read no probe)."""
+    return functools.cache(functools.partial(_views_in, frame._jdf.queryExecution().analyzed()))
 
 
 def _from_analysed(spark: "SparkSession", plan: object) -> "DataFrame":

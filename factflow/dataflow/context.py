@@ -99,9 +99,10 @@ class EpochContext:
         self.probes_registered.append((view, frame))
         return view
 
-    def persist_shared(self, frame: "DataFrame", reads: "Counter[str]") -> bool:
-        """Persist, until this evaluation ends, every probe that ``frame`` (a statement about
-        to run) reads more than once, so that it runs once.
+    def persist_shared(self, reads: "Callable[[], Counter[str]]") -> bool:
+        """Persist, until this evaluation ends, every probe that a statement about to run
+        reads more than once, so that it runs once; ``reads()`` counts the views the
+        statement's analysed plan reads (:func:`factflow.arrangement.bound.analysed_views`).
 
         A probe's view is a plan of its own, and a probe whose prefix reads another copies
         that plan: in a small epoch of TPC-H's Q1 (a join at a time, each step probing the
@@ -111,18 +112,17 @@ class EpochContext:
         more than it saves (persisting every probe made the heavier epochs of the
         worst-case optimal triangles over oregon1 a fifth slower).
 
-        ``reads`` counts the views ``frame``'s analysed plan reads
-        (:func:`factflow.arrangement.bound.analysed_views`). Returns whether ``frame`` reads a
-        persisted probe (a plan that does must not be run again in later epochs, see
-        :mod:`factflow.arrangement.bound`)."""
+        Returns whether the statement reads a persisted probe (a plan that does must not be
+        run again in later epochs, see :mod:`factflow.arrangement.bound`)."""
         if not self.probes_registered:
             return False
+        counts = reads()
         held = {id(p) for p in self.persisted}
         for view, probe in self.probes_registered:
-            if id(probe) not in held and reads[view] > 1:
+            if id(probe) not in held and counts[view] > 1:
                 self.persisted.append(probe.persist())
                 held.add(id(probe))
-        return any(reads[view] for view, probe in self.probes_registered if id(probe) in held)
+        return any(counts[view] for view, probe in self.probes_registered if id(probe) in held)
 
     def release(self) -> None:
         """Drop the views registered for this evaluation and unpersist its probes."""

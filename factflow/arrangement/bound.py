@@ -24,7 +24,10 @@ persisted probe (see ``EpochContext.persist_shared``), and reading no view but t
 binder's own and views that outlive epochs (stored batches, constant relations:
 :func:`factflow.arrangement.views.lasting_views`); a kept plan is dropped once one of
 those views is. A statement whose plan cannot be run again keeps its *analysed* plan
-under the same conditions on views: the next epoch of its shape plans it from there
+under the same conditions on views, apart from the kept plans (so that it never pushes
+out a plan that runs again: kept together, they made the suite's random streams of
+``auto`` and ``binary`` plans a fifth slower, 225 s against 183 s),
+within a quarter of their memory: the next epoch of its shape plans it from there
 (Spark's optimizer, the persisted probes of that epoch and physical planning, all anew)
 without parsing and analysing its text again, nor reading which probes it shares from the
 analysed plan's text. That was a third of the planning of a small TPC-H epoch's query
@@ -115,6 +118,8 @@ def supported(spark: "SparkSession") -> bool:
 
 #: heap a kept plan is taken to hold per character of its statement (see the module docstring)
 PLAN_BYTES_PER_CHARACTER = 1024
+#: the same for a kept analysed plan alone: taken, unmeasured, as a quarter of a whole plan's
+ANALYSED_BYTES_PER_CHARACTER = PLAN_BYTES_PER_CHARACTER // 4
 
 
 class Binder:
@@ -125,7 +130,6 @@ class Binder:
         self.spark = spark
         self.capacity = capacity
         self.memory = memory if memory is not None else spark._jvm.java.lang.Runtime.getRuntime().maxMemory() // 8
-        self._kept_characters = 0
         self.planned = 0  # statements planned while active
         self.reused = 0   # statements run from a kept plan
         self.reanalysed = 0  # of those planned, how many started from a kept analysed plan
@@ -135,9 +139,10 @@ class Binder:
         self._slots = 0  # slots bound so far (the highest number)
         self._views: set[str] = set()
         self._bound: dict[int, tuple[object, str]] = {}
-        #: per statement text: its kept plan, the views it reads, and the views its analysed
-        #: plan reads with their multiplicity; a plan that cannot run again is kept analysed
-        self._plans: OrderedDict[str, _Kept] = OrderedDict()
+        #: per statement text, its kept plan; and apart, so that they never push out a plan
+        #: that runs again, the analysed plans of statements whose plans cannot
+        self._plans = _Kept(capacity, self.memory, PLAN_BYTES_PER_CHARACTER)
+        self._analysed = _Kept(capacity, self.memory // 4, ANALYSED_BYTES_PER_CHARACTER)
         #: parameterized probes' views by name (see :meth:`probe_view`), least recently used
         #: first, with the other views their definitions read
         self._probes: OrderedDict[str, tuple["DataFrame", frozenset[str], int]] = OrderedDict()
@@ -223,41 +228,30 @@ class Binder:
         whether it changed what the plan reads (persisted part of it): such a plan is kept
         only analysed."""
         lasting = lasting_views()
-        for text in [t for t, kept in self._plans.items() if not kept.views <= lasting]:
-            self._forget(text)
+        self._plans.keep_reading(lasting)
+        self._analysed.keep_reading(lasting)
         kept = self._plans.get(sql)
         if kept is not None:
-            self._plans.move_to_end(sql)
-            if kept.runnable:
-                self.reused += 1
-                return kept.frame.toArrow()
+            self.reused += 1
+            return kept.frame.toArrow()
+        analysed = self._analysed.get(sql)
+        if analysed is not None:
             self.reanalysed += 1
-            frame = _from_analysed(self.spark, kept.frame._jdf.queryExecution().analyzed())
-            if prepare is not None:
-                prepare(kept.reads)
-            self.planned += 1
-            return frame.toArrow()
-        frame = self.spark.sql(sql)
-        reads = _counted_once(frame)
+            frame = _from_analysed(self.spark, analysed.frame._jdf.queryExecution().analyzed())
+            reads = analysed.reads
+        else:
+            frame = self.spark.sql(sql)
+            reads = _counted_once(frame)
         prepared = prepare(reads) if prepare is not None else False
         table = frame.toArrow()
         self.planned += 1
-        views = self._views_read(sql)
-        if views <= lasting and len(sql) * PLAN_BYTES_PER_CHARACTER <= self.memory:
-            runnable = not prepared and self._reusable(frame)
-            if not runnable:  # hold the analysed plan alone, not the optimized and physical ones
-                frame = _from_analysed(self.spark, frame._jdf.queryExecution().analyzed())
-            self._plans[sql] = _Kept(frame, views, reads, runnable)
-            self._kept_characters += len(sql)
-            while (len(self._plans) > self.capacity
-                   or self._kept_characters * PLAN_BYTES_PER_CHARACTER > self.memory):
-                self._forget(next(iter(self._plans)))
+        if analysed is None and (views := self._views_read(sql)) <= lasting:
+            if not prepared and self._reusable(frame):
+                self._plans.add(sql, _Statement(frame, views, reads))
+            else:  # hold the analysed plan alone, not the optimized and physical ones
+                self._analysed.add(sql, _Statement(_from_analysed(self.spark, frame._jdf.queryExecution().analyzed()),
+                                                   views, reads))
         return table
-
-    def _forget(self, sql: str) -> None:
-        """Drop the plan kept for ``sql``."""
-        del self._plans[sql]
-        self._kept_characters -= len(sql)
 
     def _slot(self, number: int) -> str:
         """The name of this binder's slot ``number``."""
@@ -271,7 +265,7 @@ class Binder:
     def close(self) -> None:
         """Forget the kept plans, release the slots' rows and drop their views."""
         self._plans.clear()
-        self._kept_characters = 0
+        self._analysed.clear()
         self._bound.clear()
         for number in range(1, self._slots + 1):
             self._rows.release(self._slot(number))
@@ -287,15 +281,67 @@ class Binder:
 Prepare = Callable[[Callable[[], Counter[str]]], bool]
 
 
-class _Kept(NamedTuple):
-    """What a :class:`Binder` keeps of a statement: its DataFrame (``runnable``: run it
-    again; else only its analysed plan counts), the views it reads (``Binder._views_read``)
-    and what gives the views its analysed plan reads (:func:`analysed_views`)."""
+class _Statement(NamedTuple):
+    """What a :class:`Binder` keeps of a statement: its DataFrame (a kept plan, or one of its
+    analysed plan alone), the views it reads (``Binder._views_read``) and what gives the
+    views its analysed plan reads (:func:`analysed_views`)."""
 
     frame: "DataFrame"
     views: frozenset[str]
     reads: Callable[[], Counter[str]]
-    runnable: bool
+
+
+class _Kept:
+    """Statements kept by their text, the least recently used dropped first while there are
+    more than ``capacity`` or their estimated size (``per_character`` bytes per character of
+    their text) exceeds ``memory``; a text larger than ``memory`` alone is not kept."""
+
+    def __init__(self, capacity: int, memory: int, per_character: int):
+        self.capacity = capacity
+        self.memory = memory
+        self.per_character = per_character
+        self._statements: OrderedDict[str, _Statement] = OrderedDict()
+        self._characters = 0
+
+    def __contains__(self, sql: str) -> bool:
+        return sql in self._statements
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._statements)
+
+    def values(self) -> list[_Statement]:
+        """The kept statements, least recently used first."""
+        return list(self._statements.values())
+
+    def get(self, sql: str) -> _Statement | None:
+        """The statement kept for ``sql`` (now the most recently used), or None."""
+        found = self._statements.get(sql)
+        if found is not None:
+            self._statements.move_to_end(sql)
+        return found
+
+    def add(self, sql: str, statement: _Statement) -> None:
+        """Keep ``statement`` for ``sql``, dropping the least recently used to make room."""
+        if len(sql) * self.per_character > self.memory:
+            return
+        self._statements[sql] = statement
+        self._characters += len(sql)
+        while len(self._statements) > self.capacity or self._characters * self.per_character > self.memory:
+            self._drop(next(iter(self._statements)))
+
+    def keep_reading(self, views: frozenset[str]) -> None:
+        """Drop the statements that read a view not among ``views`` (one dropped since)."""
+        for sql in [sql for sql, kept in self._statements.items() if not kept.views <= views]:
+            self._drop(sql)
+
+    def clear(self) -> None:
+        """Drop every statement."""
+        self._statements.clear()
+        self._characters = 0
+
+    def _drop(self, sql: str) -> None:
+        del self._statements[sql]
+        self._characters -= len(sql)
 
 
 def current() -> Binder | None:

@@ -237,7 +237,7 @@ class Binder:
         analysed = self._analysed.get(sql)
         if analysed is not None:
             self.reanalysed += 1
-            frame = _from_analysed(self.spark, analysed.frame._jdf.queryExecution().analyzed())
+            frame = _replanned(self.spark, analysed.frame)
             reads = analysed.reads
         else:
             frame = self.spark.sql(sql)
@@ -249,8 +249,7 @@ class Binder:
             if not prepared and self._reusable(frame):
                 self._plans.add(sql, _Statement(frame, views, reads))
             else:  # hold the analysed plan alone, not the optimized and physical ones
-                self._analysed.add(sql, _Statement(_from_analysed(self.spark, frame._jdf.queryExecution().analyzed()),
-                                                   views, reads))
+                self._analysed.add(sql, _Statement(_replanned(self.spark, frame), views, reads))
         return table
 
     def _slot(self, number: int) -> str:
@@ -392,9 +391,10 @@ def _counted_once(frame: "DataFrame") -> "Callable[[], Counter[str]]":
     return functools.cache(functools.partial(_views_in, frame._jdf.queryExecution().analyzed()))
 
 
-def _from_analysed(spark: "SparkSession", plan: object) -> "DataFrame":
-    """A DataFrame of an analysed logical plan (a JVM object): Spark skips its analysis and
-    optimizes and plans it anew when it runs."""
+def _replanned(spark: "SparkSession", frame: "DataFrame") -> "DataFrame":
+    """A new DataFrame of ``frame``'s analysed plan: Spark skips its analysis and optimizes
+    and plans it anew when it runs (holding it holds none of ``frame``'s other plans)."""
     from pyspark.sql import DataFrame
 
+    plan = frame._jdf.queryExecution().analyzed()
     return DataFrame(spark._jvm.org.apache.spark.sql.classic.Dataset.ofRows(spark._jsparkSession, plan), spark)

@@ -90,6 +90,27 @@ def test_an_install_over_small_state_runs_as_a_small_epoch(spark):
     assert len(seen[3][2]) > 1 and all(d.endswith("(pending)") for d in seen[3][2])
 
 
+def test_an_install_over_empty_state_runs_no_job_unless_it_has_constants(spark):
+    """A query that reads only attributes without rows is installed without a Spark job;
+    one joining a constant relation (an input) is evaluated. Both are then maintained."""
+    from factflow import Engine
+    from factflow.engine.reports import spark_jobs
+
+    with Engine(spark=spark) as db:
+        db.create_attribute(":person/knows", type="ref")
+        db.create_attribute(":person/name", type="string", semantics="one")
+        hops = db.query("[:find ?n (count ?b) :where [?a :person/name ?n] [?a :person/knows ?x] "
+                        "[?x :person/knows ?b]]", name="hops")
+        named = db.query("[:find ?a :in $ [?n ...] :where [?a :person/name ?n]]", inputs=[["Ann", "Bo"]],
+                         name="named")
+        ran = {name: [j for j in spark_jobs(spark, f"factflow-{db._id}-install-{name}")
+                      if j.description.startswith(f"install {name}")] for name in ("hops", "named")}
+        assert hops.results() == named.results() == {}
+        db.transact([add(1, ":person/knows", 2), add(2, ":person/knows", 1), add(1, ":person/name", "Ann")])
+        assert hops.results() == {("Ann", 1): 1} and named.results() == {(1,): 1}
+    assert not ran["hops"] and ran["named"]
+
+
 @pytest.mark.parametrize("local_limit", [20_000, 50])
 def test_a_small_transaction_reads_only_the_state_of_its_entities(spark, monkeypatch, local_limit):
     """A small transaction's effective changes read the current state of the entities it

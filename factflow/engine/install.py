@@ -14,7 +14,7 @@ reads its maintained state. A query that reads only empty state (no rows in any 
 reads, no constant relation such as an input, no rule relation another query maintains)
 has nothing to compute and is installed without a Spark job: the 22 TPC-H queries,
 installed on tables without rows, took 41-48 s when each was evaluated and 22-24 s now
-(16 take about 10 ms; the six with a literal collection, a constant relation, 1.6-7 s).
+(16 take about 10 ms; the six joining a literal collection or a ``ground`` value, 1.6-7 s).
 A query that fails to install leaves nothing behind.
 """
 

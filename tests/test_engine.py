@@ -90,9 +90,11 @@ def test_an_install_over_small_state_runs_as_a_small_epoch(spark):
     assert len(seen[3][2]) > 1 and all(d.endswith("(pending)") for d in seen[3][2])
 
 
-def test_an_install_over_empty_state_runs_no_job_unless_it_has_constants(spark):
-    """A query that reads only attributes without rows is installed without a Spark job;
-    one joining a constant relation (an input) is evaluated. Both are then maintained."""
+def test_an_install_over_empty_state_runs_no_job_unless_constants_reach_its_state(spark):
+    """A query over attributes without rows is installed without a Spark job, and so is one
+    joining a constant relation (an input) with them: the join has no rows. One whose
+    constants reach its state without a match (the left side of a negation) is evaluated.
+    All are then maintained."""
     from factflow import Engine
     from factflow.engine.reports import spark_jobs
 
@@ -103,12 +105,16 @@ def test_an_install_over_empty_state_runs_no_job_unless_it_has_constants(spark):
                         "[?x :person/knows ?b]]", name="hops")
         named = db.query("[:find ?a :in $ [?n ...] :where [?a :person/name ?n]]", inputs=[["Ann", "Bo"]],
                          name="named")
+        unnamed = db.query("[:find ?n :in $ [?n ...] :where (not-join [?n] [?a :person/name ?n])]", inputs=[["Ann", "Bo"]],
+                           name="unnamed")
         ran = {name: [j for j in spark_jobs(spark, f"factflow-{db._id}-install-{name}")
-                      if j.description.startswith(f"install {name}")] for name in ("hops", "named")}
+                      if j.description.startswith(f"install {name}")] for name in ("hops", "named", "unnamed")}
         assert hops.results() == named.results() == {}
+        assert unnamed.results() == {("Ann",): 1, ("Bo",): 1}
         db.transact([add(1, ":person/knows", 2), add(2, ":person/knows", 1), add(1, ":person/name", "Ann")])
         assert hops.results() == {("Ann", 1): 1} and named.results() == {(1,): 1}
-    assert not ran["hops"] and ran["named"]
+        assert unnamed.results() == {("Bo",): 1}
+    assert not ran["hops"] and not ran["named"] and ran["unnamed"]
 
 
 @pytest.mark.parametrize("local_limit", [20_000, 50])

@@ -313,3 +313,38 @@ def test_a_plan_is_installed_as_given_any_number_of_times_and_refused_from_an_en
     for q in (first, second, third):
         q.close()
     assert held(engine) == before
+
+
+@pytest.mark.parametrize("text, inputs, join, nothing", [
+    ("[:find ?a ?b :where [?a :e ?b]]", (), "auto", True),
+    ("[:find ?p :in $ [?n ...] :where [?p :name ?n]]", (["a", "b"],), "binary", True),  # joined: no match
+    ("[:find ?p ?k :where [(ground [[1 \"a\"] [2 \"b\"]]) [[?p ?k]]] [?p :tag ?k]]", (), "wco", True),
+    ("[:find ?n (count ?p) :where (adult ?p) [?p :name ?n] (not [?p :tag \"x\"])]", (), "delta", True),
+    ("[:find ?x ?y :where (tc ?x ?y)]", (), "auto", True),
+    ("[:find ?n :in $ [?n ...] :where (not-join [?n] [?p :name ?n])]", (["a"],), "auto", False),
+    ("[:find ?x :where (or [?x :age 3] [(ground 7) ?x])]", (), "auto", False),
+    ("[:find (count ?x) :where [(ground [1 2]) [?x ...]]]", (), "auto", False),
+    ("[:find ?x ?y :where (seeded ?x ?y)]", (), "auto", False),
+])
+def test_an_install_over_empty_attributes_computes_only_what_constants_reach(text, inputs, join, nothing,
+                                                                             no_allocation):
+    """With every attribute empty, a query's stateful operators get rows only from constant
+    relations that reach them other than through a join: alone, in a union, on the left of
+    a negation, or as a recursive rule's base case."""
+    from types import SimpleNamespace
+
+    from factflow.dataflow.nodes import Scan
+    from factflow.engine.install import produces_nothing
+
+    seeded = """[(one ?v) [(ground 1) ?v]]
+                 [(seeded ?x ?y) (one ?x) (one ?y)]
+                 [(seeded ?x ?y) [?x :e ?z] (seeded ?z ?y)]]"""
+    planned = plan(text, inputs, join, rules=RULES[:-1] + seeded)
+    for node in planned.nodes:
+        if isinstance(node, Scan):
+            node.handle = SimpleNamespace(tuples=0)
+    assert produces_nothing(planned) is nothing
+    for node in planned.nodes:
+        if isinstance(node, Scan):
+            node.handle = SimpleNamespace(tuples=3)
+    assert not produces_nothing(planned) or not any(isinstance(n, Scan) for n in planned.nodes)

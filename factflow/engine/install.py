@@ -35,7 +35,7 @@ from factflow.errors import QueryError
 from factflow.planner.holdings import Holdings
 from factflow.planner.plan import Plan
 
-__all__ = ["install"]
+__all__ = ["install", "produces_nothing"]
 
 
 def install(state: EngineState, plan: Plan, name: str, group_prefix: str) -> Dataflow:
@@ -62,8 +62,7 @@ def install(state: EngineState, plan: Plan, name: str, group_prefix: str) -> Dat
         handles, traces = state.held_by([dataflow])
         held = sum(h.tuples for h in handles) + sum(t.tuples for t in traces)
         reused = [e for e in dataflow.shared_rules() if e.installed]
-        known: dict[int, bool] = {}
-        if held == 0 and not reused and all(_empty(n, known) for n in plan.stateful):
+        if held == 0 and not reused and produces_nothing(plan):
             for trace in traces:  # what an evaluation appending no rows records
                 trace.advance_upper(state.epoch + 1)
         else:
@@ -80,9 +79,17 @@ def install(state: EngineState, plan: Plan, name: str, group_prefix: str) -> Dat
     return dataflow
 
 
+def produces_nothing(plan: Plan) -> bool:
+    """Whether no stateful operator of ``plan`` (its traces new) can get rows when it is
+    installed over what its patterns' attributes hold now, so that the install has nothing
+    to compute (see :func:`_empty`)."""
+    known: dict[int, bool] = {}
+    return all(_empty(n, known) for n in plan.stateful)
+
+
 def _empty(node: Node, known: dict[int, bool]) -> bool:
-    """Whether ``node`` certainly has no rows when installed over state whose traces are all
-    empty (False where unsure: constant relations, and operators not listed here). A join
+    """Whether ``node`` certainly has no rows when installed (False where unsure: constant
+    relations, and operators not listed here): a pattern if its attribute has no rows. A join
     is empty if any side is, a union if every part is, a negation if its left side is, a
     per-row operator or a stateful one if its input is (an aggregate of nothing has no
     group), a recursive component if every body is with its recursive references empty

@@ -105,8 +105,8 @@ def test_an_install_over_empty_state_runs_no_job_unless_constants_reach_its_stat
                         "[?x :person/knows ?b]]", name="hops")
         named = db.query("[:find ?a :in $ [?n ...] :where [?a :person/name ?n]]", inputs=[["Ann", "Bo"]],
                          name="named")
-        unnamed = db.query("[:find ?n :in $ [?n ...] :where (not-join [?n] [?a :person/name ?n])]", inputs=[["Ann", "Bo"]],
-                           name="unnamed")
+        unnamed = db.query("[:find ?n :in $ [?n ...] :where (not-join [?n] [?a :person/name ?n])]",
+                           inputs=[["Ann", "Bo"]], name="unnamed")
         ran = {name: [j for j in spark_jobs(spark, f"factflow-{db._id}-install-{name}")
                       if j.description.startswith(f"install {name}")] for name in ("hops", "named", "unnamed")}
         assert hops.results() == named.results() == {}

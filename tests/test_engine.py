@@ -94,7 +94,8 @@ def test_an_install_over_empty_state_runs_no_job_unless_constants_reach_its_stat
     """A query over attributes without rows is installed without a Spark job, and so is one
     joining a constant relation (an input) with them: the join has no rows. One whose
     constants reach its state without a match (the left side of a negation) is evaluated.
-    All are then maintained."""
+    On loaded state, a query joining an attribute without rows runs no job either. All are
+    then maintained."""
     from factflow import Engine
     from factflow.engine.reports import spark_jobs
 
@@ -114,7 +115,15 @@ def test_an_install_over_empty_state_runs_no_job_unless_constants_reach_its_stat
         db.transact([add(1, ":person/knows", 2), add(2, ":person/knows", 1), add(1, ":person/name", "Ann")])
         assert hops.results() == {("Ann", 1): 1} and named.results() == {(1,): 1}
         assert unnamed.results() == {("Bo",): 1}
-    assert not ran["hops"] and not ran["named"] and ran["unnamed"]
+        db.create_attribute(":person/tag", type="string")  # over loaded state, joined with an empty attribute
+        tagged = db.query("[:find ?n ?t :where [?a :person/name ?n] [?a :person/knows ?b] [?b :person/tag ?t]]",
+                          name="tagged")
+        ran["tagged"] = [j for j in spark_jobs(spark, f"factflow-{db._id}-install-tagged")
+                         if j.description.startswith("install tagged")]
+        assert tagged.results() == {}
+        db.transact([add(2, ":person/tag", "x")])
+        assert tagged.results() == {("Ann", "x"): 1}
+    assert not ran["hops"] and not ran["named"] and ran["unnamed"] and not ran["tagged"]
 
 
 @pytest.mark.parametrize("local_limit", [20_000, 50])

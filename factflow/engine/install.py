@@ -10,15 +10,15 @@ query reads) that evaluation runs as a small epoch's does: each round one statem
 partition, fetched to the driver with one job and appended as local batches; over more,
 every stateful operator is checkpointed in Spark. A rule relation another query already
 maintains (see :mod:`factflow.planner.shared`) is not computed again: the new dataflow
-reads its maintained state. A query that reads only empty state (no rows in any trace it
-reads, no rule relation another query maintains) has nothing to compute unless a constant
-relation (an input, a literal collection, a ``ground`` value) reaches one of its stateful
-operators other than through a join with an empty pattern (directly, through a union, or as
-the left side of a negation): a join with nothing has no rows. Such a query is installed
-without a Spark job: the 22 TPC-H queries, installed on tables without rows, took 41-48 s
-when each was evaluated, 22-24 s when only those reading no constant skipped it (the six
-joining a literal collection or a ``ground`` value took 1.6-7 s each), and now about a
-second in all. A query that fails to install leaves nothing behind.
+reads its maintained state. A query that reuses no maintained rule has nothing to compute
+when none of its stateful operators can get a row (:func:`produces_nothing`): every path to
+each from a constant relation (an input, a literal collection, a ``ground`` value) or from
+an attribute with rows passes through a join with an attribute without rows (a join with
+nothing has no rows), not only through unions or the left sides of negations. Such a query
+is installed without a Spark job: the 22 TPC-H queries, installed on tables without rows,
+took 41-48 s when each was evaluated, 22-24 s when only those reading no constant skipped
+it (the six joining a literal collection or a ``ground`` value took 1.6-7 s each), and now
+about a second in all. A query that fails to install leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def install(state: EngineState, plan: Plan, name: str, group_prefix: str) -> Dat
         handles, traces = state.held_by([dataflow])
         held = sum(h.tuples for h in handles) + sum(t.tuples for t in traces)
         reused = [e for e in dataflow.shared_rules() if e.installed]
-        if held == 0 and not reused and produces_nothing(plan):
+        if not reused and produces_nothing(plan):
             for trace in traces:  # what an evaluation appending no rows records
                 trace.advance_upper(state.epoch + 1)
         else:
@@ -82,7 +82,8 @@ def install(state: EngineState, plan: Plan, name: str, group_prefix: str) -> Dat
 def produces_nothing(plan: Plan) -> bool:
     """Whether no stateful operator of ``plan`` (its traces new) can get rows when it is
     installed over what its patterns' attributes hold now, so that the install has nothing
-    to compute (see :func:`_empty`)."""
+    to compute (see :func:`_empty`): its constants and the attributes with rows reach none
+    of them but through joins with attributes without rows."""
     known: dict[int, bool] = {}
     return all(_empty(n, known) for n in plan.stateful)
 

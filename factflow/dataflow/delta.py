@@ -33,7 +33,7 @@ bindings, the change is computed from two such readings instead (:data:`REBUILT_
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence, Union as TypingUnion
+from typing import Iterator, Sequence, Union as TypingUnion
 
 from factflow.arrangement.batch import DIFF
 from factflow.arrangement.trace import TraceHandle
@@ -201,6 +201,16 @@ class Pipeline:
         return {"source": ref(self.source), "position": self.position, "negated": self.negated, "label": self.label,
                 "order": list(self.order), "stages": stages}
 
+    def relations(self, negated: bool = True) -> Iterator[Node]:
+        """The bindings it reads, in stage order from its source: those it joins, and with
+        ``negated`` those whose keys it excludes."""
+        yield self.source
+        for s in self.stages:
+            if isinstance(s, Lookup) or negated and isinstance(s, Exclude):
+                yield s.relation
+            elif isinstance(s, Extend):
+                yield from (e.relation for e in s.extenders)
+
     def count_indexes(self) -> list[CountIndex]:
         """The count indexes its stages read."""
         return [e.count_index for s in self.stages if isinstance(s, Extend) for e in s.extenders
@@ -230,14 +240,11 @@ class DeltaJoin(Node):
     def inputs(self):
         found: list[Node] = []
         for p in self.pipelines:
-            read = [p.source]
-            for s in p.stages:
-                if isinstance(s, (Lookup, Exclude)):
-                    read.append(s.relation)
-                elif isinstance(s, Extend):
-                    read += [e.relation for e in s.extenders]
-            found += [n for n in read if all(n is not f for f in found)]
+            found += [n for n in p.relations() if all(n is not f for f in found)]
         return tuple(found)
+
+    def empty_when_installed(self, empty):
+        return any(empty(n) for n in self.reader.relations(negated=False))
 
     def _count_indexes(self) -> list[CountIndex]:
         return list({id(c): c for p in [*self.pipelines, self.reader] for c in p.count_indexes()}.values())

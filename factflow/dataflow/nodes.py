@@ -57,6 +57,13 @@ class Node:
         """Operators this one reads."""
         return ()
 
+    def empty_when_installed(self, empty: Callable[["Node"], bool]) -> bool:
+        """Whether this operator certainly has no rows when its query is installed, given
+        ``empty``, the same judgement of the operators it reads (see
+        :func:`factflow.engine.install.produces_nothing`). False where unsure: a constant
+        relation, and every operator that does not say otherwise."""
+        return False
+
     def delta(self, cx: EpochContext) -> str | None:
         """This epoch's change (a relation name; memoized per evaluation)."""
         return cx.memo(self, "delta", lambda: self._delta(cx))
@@ -164,6 +171,9 @@ class Scan(Node):
 
     def bind(self, alloc):
         self.handle = alloc.handle(self.slot)
+
+    def empty_when_installed(self, empty):
+        return self.handle.tuples == 0
 
     def params(self, ref):
         return {"slot": self.slot.to_data(), "value_kind": self.value_kind.value, "e": self.e_col,
@@ -289,6 +299,9 @@ class _Linear(Node):
 
     def inputs(self):
         return (self.child,)
+
+    def empty_when_installed(self, empty):
+        return empty(self.child)
 
     def apply(self, relation: str) -> str:
         """SQL of this operator applied to ``relation``."""
@@ -416,6 +429,9 @@ class Join(Node):
     def inputs(self):
         return (self.left, self.right)
 
+    def empty_when_installed(self, empty):
+        return empty(self.left) or empty(self.right)
+
     def _delta(self, cx):
         parts = []
         dl = self.left.delta(cx)
@@ -458,6 +474,9 @@ class AntiJoin(Node):
     def inputs(self):
         return (self.left, self.negated)
 
+    def empty_when_installed(self, empty):
+        return empty(self.left)
+
     def _delta(self, cx):
         parts = []
         dl = self.left.delta(cx)
@@ -497,6 +516,9 @@ class Union(Node):
     def inputs(self):
         return tuple(self.children)
 
+    def empty_when_installed(self, empty):
+        return all(empty(n) for n in self.children)
+
     def _delta(self, cx):
         parts = [d for d in (c.delta(cx) for c in self.children) if d is not None]
         return cx.define(zset.union(parts, self.names)) if parts else None
@@ -528,6 +550,9 @@ class Stateful(Node):
 
     def inputs(self):
         return (self.child,)
+
+    def empty_when_installed(self, empty):
+        return empty(self.child)  # an aggregate of nothing has no group
 
     def slots(self):
         return [self.slot]

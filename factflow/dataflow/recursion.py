@@ -91,6 +91,9 @@ class Placeholder(Node):
     def params(self, ref):
         return {"label": self.label}
 
+    def empty_when_installed(self, empty):
+        return True  # what the fixpoint's first iteration reads
+
     def _delta(self, cx):
         raise AssertionError(f"{self.label}: read outside its fixpoint")
 
@@ -131,6 +134,9 @@ class Fixpoint(Node):
 
     def inputs(self):
         return tuple(b.plan for b in self.bodies) + tuple(b.guarded for b in self.bodies)
+
+    def empty_when_installed(self, empty):
+        return all(empty(n) for n in self.inputs())  # from nothing, its iteration stops at once
 
     def slots(self):
         return list(self.trace_slots.values())
@@ -398,6 +404,9 @@ class RuleOutput(Node):
 
     def inputs(self):
         return (self.fixpoint,)
+
+    def empty_when_installed(self, empty):
+        return empty(self.fixpoint)
 
     def params(self, ref):
         return {"rule": self.rule}

@@ -24,9 +24,7 @@ about a second in all. A query that fails to install leaves nothing behind.
 from __future__ import annotations
 
 from factflow.dataflow.context import EpochContext
-from factflow.dataflow.delta import DeltaJoin, Extend, Lookup
-from factflow.dataflow.nodes import AntiJoin, Bind, Filter, Join, Node, Project, Rename, Scan, Stateful, Union
-from factflow.dataflow.recursion import Fixpoint, Placeholder, RuleOutput
+from factflow.dataflow.nodes import Node
 from factflow.engine.allocation import Allocation
 from factflow.engine.dataflow import Dataflow
 from factflow.engine.session import label_jobs
@@ -82,44 +80,19 @@ def install(state: EngineState, plan: Plan, name: str, group_prefix: str) -> Dat
 def produces_nothing(plan: Plan) -> bool:
     """Whether no stateful operator of ``plan`` (its traces new) can get rows when it is
     installed over what its patterns' attributes hold now, so that the install has nothing
-    to compute (see :func:`_empty`): its constants and the attributes with rows reach none
-    of them but through joins with attributes without rows."""
+    to compute: its constants and the attributes with rows reach none of them but through
+    joins with attributes without rows. Each operator judges itself from its inputs
+    (:meth:`~factflow.dataflow.nodes.Node.empty_when_installed`): a pattern is empty if its
+    attribute has no rows, a join if any side is, a union if every part is, a negation if
+    its left side is, a per-row or stateful operator if its input is, a recursive component
+    if every body is with its recursive references empty; a constant relation, or an
+    operator that does not say, is not."""
     known: dict[int, bool] = {}
-    return all(_empty(n, known) for n in plan.stateful)
 
-
-def _empty(node: Node, known: dict[int, bool]) -> bool:
-    """Whether ``node`` certainly has no rows when installed (False where unsure: constant
-    relations, and operators not listed here): a pattern if its attribute has no rows. A join
-    is empty if any side is, a union if every part is, a negation if its left side is, a
-    per-row operator or a stateful one if its input is (an aggregate of nothing has no
-    group), a recursive component if every body is with its recursive references empty
-    (its iteration from nothing then stops at once). ``known`` memoizes by operator."""
-    if id(node) in known:
+    def empty(node: Node) -> bool:
+        if id(node) not in known:
+            known[id(node)] = False  # a cycle (recursion reaches its fixpoint again) is not proven empty
+            known[id(node)] = node.empty_when_installed(empty)
         return known[id(node)]
-    known[id(node)] = False  # a cycle (recursion reaches its fixpoint again) is not proven empty
-    if isinstance(node, Scan):
-        empty = node.handle.tuples == 0
-    elif isinstance(node, Placeholder):
-        empty = True
-    elif isinstance(node, Join):
-        empty = any(_empty(n, known) for n in node.inputs())
-    elif isinstance(node, Fixpoint):
-        empty = all(_empty(n, known) for n in node.inputs())
-    elif isinstance(node, AntiJoin):
-        empty = _empty(node.left, known)
-    elif isinstance(node, Union):
-        empty = all(_empty(n, known) for n in node.children)
-    elif isinstance(node, (Filter, Bind, Project, Rename, Stateful)):
-        empty = _empty(node.child, known)
-    elif isinstance(node, RuleOutput):
-        empty = _empty(node.fixpoint, known)
-    elif isinstance(node, DeltaJoin):
-        reader = node.reader
-        joined = [reader.source] + [s.relation for s in reader.stages if isinstance(s, Lookup)] \
-            + [e.relation for s in reader.stages if isinstance(s, Extend) for e in s.extenders]
-        empty = any(_empty(n, known) for n in joined)
-    else:
-        empty = False
-    known[id(node)] = empty
-    return empty
+
+    return all(empty(n) for n in plan.stateful)

@@ -38,7 +38,6 @@ from factflow import edn
 from factflow.errors import EdnSyntaxError, FactflowError, SchemaError
 from factflow.model.schema import Schema
 from factflow.server.protocol import ProtocolError
-from factflow.text import plural
 
 __all__ = ["Tenant", "Tenants", "TenantsFileError", "ROLES", "TENANT_OPS", "tenant_entity", "is_tenant_entity",
            "check_tenant_transaction"]

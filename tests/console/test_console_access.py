@@ -13,7 +13,6 @@ import hashlib
 import json
 
 import pytest
-from websockets.sync.client import connect
 
 from factflow import Engine
 from factflow.client import Client

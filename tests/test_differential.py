@@ -340,17 +340,28 @@ def rewired_friendships(rng: random.Random, oracle: Oracle) -> list:
     return ops
 
 
-@pytest.mark.parametrize("join", ["delta", "wco"])
-def test_bulk_epochs_match_the_oracle_whether_joins_run_pipelines_or_take_differences(spark, join, monkeypatch):
-    # every epoch's changes kept in Spark (local_limit=0); a join whose changes reach
-    # REBUILT_FROM of its bindings and REBUILT_SHARE of what its patterns hold computes NEW
-    # less OLD (factflow.dataflow.delta), the others run a pipeline per changed binding:
-    # with REBUILT_FROM at two, both happen here (most epochs take the difference). Half of
-    # the join catalogue each (every bulk epoch costs a few Spark jobs per query)
+@pytest.mark.parametrize("join,local_limit", [("delta", 0), ("wco", EngineConfig().local_limit)])
+def test_epochs_match_the_oracle_whether_joins_run_pipelines_or_take_differences(spark, join, local_limit,
+                                                                                   monkeypatch):
+    # a join whose changes reach REBUILT_FROM of its bindings and REBUILT_SHARE of what its
+    # patterns hold computes NEW less OLD (factflow.dataflow.delta), the others run a pipeline
+    # per changed binding: with REBUILT_FROM at two, both happen here (most epochs take the
+    # difference). Delta joins with every epoch's changes kept in Spark (local_limit=0),
+    # worst-case optimal ones in small epochs (probing the traces), half of the join
+    # catalogue each (every bulk epoch costs a few Spark jobs per query)
     import factflow.dataflow.delta as delta
     monkeypatch.setattr(delta, "REBUILT_FROM", 2)
-    run_stream(spark, 301, epochs=6, queries=JOIN_CATALOG, join=join, config=EngineConfig(local_limit=0),
+    taken = []
+    original = delta.DeltaJoin._difference
+
+    def difference(self, cx):
+        taken.append(cx.small)
+        return original(self, cx)
+
+    monkeypatch.setattr(delta.DeltaJoin, "_difference", difference)
+    run_stream(spark, 301, epochs=6, queries=JOIN_CATALOG, join=join, config=EngineConfig(local_limit=local_limit),
                part=(STRATEGIES.index(join) - 1, 2), transaction=rewired_friendships)
+    assert taken and all(small == (local_limit > 0) for small in taken)
 
 
 def test_accumulated_aggregates_read_by_touched_groups_match_the_oracle(spark, monkeypatch):

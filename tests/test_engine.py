@@ -346,6 +346,55 @@ def test_closing_during_a_background_merge(spark, monkeypatch):
     assert not os.path.exists(db.state_dir)
 
 
+def test_a_background_round_skips_the_traces_of_a_query_closed_since(spark, monkeypatch):
+    """A query installed over stored state and closed at once (a one-shot query): the
+    background round its install started merges and indexes none of its traces, so the
+    next command does not wait for work nobody reads; the engine goes on exactly."""
+    import threading
+
+    from factflow import Engine, EngineConfig
+    from factflow.arrangement.trace import StoredMerge
+    from factflow.engine.maintenance import Maintenance
+
+    gate, planned, ran = threading.Event(), [], []
+    background, init, run = Maintenance._background, StoredMerge.__init__, StoredMerge.run
+
+    def gated(self, stored, epoch, group):
+        assert gate.wait(60), "the test never opened the gate"
+        background(self, stored, epoch, group)
+
+    def noting_init(self, trace):
+        init(self, trace)
+        planned.append(trace)
+
+    def noting_run(self):
+        ran.append(self.trace)
+        run(self)
+
+    db = Engine(spark=spark, config=EngineConfig(local_limit=2))
+    try:
+        db.create_attribute(":e", type="ref")
+        db.transact([add(i, ":e", i + 1) for i in range(8)])
+        db.wait_for_maintenance()
+        monkeypatch.setattr(Maintenance, "_background", gated)
+        monkeypatch.setattr(StoredMerge, "__init__", noting_init)
+        monkeypatch.setattr(StoredMerge, "run", noting_run)
+        once = db.query("[:find ?a ?d :where [?a :e ?b] [?b :e ?c] [?c :e ?d]]", join="binary")
+        assert once.results() == {(i, i + 3): 1 for i in range(6)}
+        private = [t for t in planned if t.name.startswith(once.name)]
+        assert private, "the install left no stored trace of its own to maintain: the test checks nothing"
+        once.close()
+        gate.set()
+        db.wait_for_maintenance()
+        assert not [t.name for t in ran if t in private]
+        q = db.query("[:find ?a ?c :where [?a :e ?b] [?b :e ?c]]")
+        db.transact([retract(0, ":e", 1)])
+        assert q.results() == {(i, i + 2): 1 for i in range(1, 7)}
+    finally:
+        gate.set()
+        db.close()
+
+
 def test_transactions_in_edn_text(people):
     people.transact('[[:db/add 1 :person/name "Ann"] [:db/add 1 :person/age 30]]')
     q = people.query("[:find ?n ?a :where [?p :person/name ?n] [?p :person/age ?a]]")

@@ -189,6 +189,8 @@ class Trace:
         self.batches: list[Batch] = []
         self._handles: set[TraceHandle] = set()
         self.merges = 0
+        self.closed = False
+        """Whether :meth:`close` ran: the trace holds nothing and nobody reads it any more."""
         self._id = next(_TRACE_IDS)
         self._indexes = itertools.count(1)
 
@@ -255,8 +257,11 @@ class Trace:
 
     def index_stored(self, batches: list[Batch] | None = None) -> None:
         """Write the index files of stored batches (default: this trace's) that have none (a
-        Spark job each; a batch being indexed by another thread is waited for)."""
+        Spark job each; a batch being indexed by another thread is waited for). Once the trace
+        is closed (from another thread) it writes no more."""
         for b in self.batches if batches is None else batches:
+            if self.closed:
+                return
             if not b.is_local and b.index is None:
                 self.spark.sparkContext.setJobDescription(f"index {self.name} [{b.lower}, {b.upper})")
                 b.write_index(self.layout.index_key, self._index_directory())
@@ -420,6 +425,7 @@ class Trace:
 
     def close(self) -> None:
         """Release every batch and handle."""
+        self.closed = True
         for b in self.batches:
             b.release()
         self.batches = []

@@ -18,7 +18,9 @@ written yet writes it itself (a stored batch is indexed once, by whichever threa
 first). On a session factflow started, the background's Spark jobs run in a scheduler
 pool of their own (``factflow-maintenance``) that gives an epoch's tasks the free task
 slots first. A failing merge is logged and changes nothing: the batches stay as they were
-and the next round merges them.
+and the next round merges them. A round skips the traces of queries closed since it began
+(and stops writing a closed trace's index files), so a query installed and closed at once
+(a one-shot query) does not keep the next command waiting for index files nobody reads.
 """
 
 from __future__ import annotations
@@ -111,6 +113,9 @@ class Maintenance:
             sc.setLocalProperty("spark.scheduler.pool", POOL)
             while pending and not self._closing:
                 each = pending.pop(0)
+                if each.trace.closed:  # its query was closed since: nobody would read the result
+                    each.abandon()
+                    continue
                 try:
                     each.run()
                     done.append(each)

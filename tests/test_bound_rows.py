@@ -8,13 +8,14 @@ kept only where running it again is sound.
 
 from __future__ import annotations
 
+import re
 import zipfile
 
 import pandas as pd
 import pytest
 from pyspark.sql import types as T
 
-from factflow import Engine
+from factflow import Engine, EngineConfig
 from factflow.arrangement import bound
 from factflow.arrangement.views import drop_view, register_view
 from test_differential import CATALOG, JOIN_CATALOG, run_stream
@@ -165,7 +166,9 @@ REUSED = [q for q in CATALOG + JOIN_CATALOG if any(s in q[0] for s in (
 @pytest.mark.parametrize("join", ["delta", "wco"])
 def test_small_epochs_reuse_their_plans_and_match_the_oracle(spark, monkeypatch, join):
     """One-operation transactions repeat a few shapes: most epochs run kept plans, with
-    their own rows, and every query matches the oracle after every epoch."""
+    their own rows, and every query matches the oracle after every epoch. (Their changes
+    are computed in a statement of their own, not guessed: that statement's one shape is
+    what the claim counts on; guessed epochs are covered in tests/test_speculation.py.)"""
     binders: list[bound.Binder] = []
     original = bound.Binder.__init__
 
@@ -175,7 +178,7 @@ def test_small_epochs_reuse_their_plans_and_match_the_oracle(spark, monkeypatch,
 
     monkeypatch.setattr(bound.Binder, "__init__", tracked)
     assert len(REUSED) >= 4
-    run_stream(spark, 41, epochs=16, queries=REUSED, join=join, max_ops=1)
+    run_stream(spark, 41, epochs=16, queries=REUSED, join=join, max_ops=1, config=EngineConfig(guess_changes=False))
     assert len(binders) == 1
     assert binders[0].reused >= binders[0].planned, (binders[0].planned, binders[0].reused)
 
@@ -198,5 +201,5 @@ def test_an_epoch_reports_the_statements_it_ran_from_kept_plans(engine):
     reports = engine.epoch_log[-8:]
     assert all(0 <= r.plans_reused <= r.statements for r in reports)
     assert sum(r.plans_reused for r in reports) >= 4, [r.describe() for r in reports]
-    assert "statements from kept plans" in reports[-1].describe()
+    assert re.search(r"statements? from kept plans", reports[-1].describe())
     assert q.results() == {(e, e): 1 for e in range(3, 9)}

@@ -3,6 +3,7 @@
 import datetime as dt
 import logging
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -164,7 +165,9 @@ def test_a_small_transaction_reads_only_the_state_of_its_entities(spark, monkeyp
         assert len(read) == 1 and read[0] < 50, read
         assert q.results() == {(e, "Seven" if e == 7 else f"n{e}", e): 1 for e in range(12) if e != 9}
         ids = {db.schema.get(a).id for a in (":p/name", ":p/age", ":p/tag")}
-        assert runs == ([] if local_limit == 20_000 else [ids])
+        # one probe for all three attributes (a second when the guessed changes were tried
+        # first, see factflow.engine.speculation: this transaction defeats the guess)
+        assert runs == [] if local_limit == 20_000 else (runs and all(r == ids for r in runs)), runs
 
 
 def test_subscriptions_deliver_consolidated_changes_that_add_up(people):
@@ -650,7 +653,7 @@ def test_epoch_reports_name_their_spark_jobs(people):
     report = people.epoch_log[-1]
     assert report.jobs and all(j.description and f"epoch {report.epoch}" in j.description for j in report.jobs)
     assert any("ages" in j.description for j in report.jobs)
-    assert "Spark jobs" in report.describe()
+    assert re.search(r"\b1 Spark job\b|\d+ Spark jobs", report.describe())
     # the epoch is also the jobs' call site (Spark does not walk the stack for every RDD)
     store = people.spark.sparkContext._jsc.sc().statusStore()
     ids = [store.job(j.id).stageIds() for j in report.jobs]
@@ -804,7 +807,7 @@ def test_a_round_over_the_driver_result_limit_stays_in_spark(people, monkeypatch
 def test_a_small_epoch_keeps_what_exceeds_the_fetch_limit_in_spark(spark):
     """Rows of a small epoch over their share of EngineConfig.fetch_limit are checkpointed in
     Spark, not fetched (nor lost); relations within their share are still fetched, and an
-    epoch within the limit is the usual two Spark jobs."""
+    epoch within the limit is the usual one Spark job (its changes guessed and checked there)."""
     from factflow import Engine, EngineConfig
 
     triangles = "[:find ?a ?b ?c :where [?a :edge ?b] [?b :edge ?c] [?a :edge ?c]]"
@@ -827,7 +830,7 @@ def test_a_small_epoch_keeps_what_exceeds_the_fetch_limit_in_spark(spark):
         for edge in ((2, 22), (1, 22)):  # each reads the stored paths by key
             edges.add(edge)
             db.transact([add(edge[0], ":edge", edge[1])])
-            assert db.epoch_log[-1].kept_in_spark == [] and len(db.epoch_log[-1].jobs) == 2
+            assert db.epoch_log[-1].kept_in_spark == [] and len(db.epoch_log[-1].jobs) == 1
             assert q.rows() == expected()
 
 

@@ -50,13 +50,14 @@ from factflow.model.frames import INLINE_ROWS, spark_frame, values_sql
 from factflow.model.types import Kind, spark_type
 from factflow.storage.location import Location
 
-__all__ = ["Layout", "Batch", "TIME", "DIFF", "local_relation"]
+__all__ = ["Layout", "Batch", "TIME", "DIFF", "PANDAS_DTYPES", "local_relation"]
 
 TIME = "_t"
 DIFF = "_diff"
 _PINS = threading.Lock()
 
-_PANDAS_DTYPES = {
+#: The pandas dtype of a column of each kind in driver-held batches.
+PANDAS_DTYPES = {
     Kind.LONG: "int64",
     Kind.DOUBLE: "float64",
     Kind.STRING: "object",
@@ -100,7 +101,7 @@ class Layout:
 
     def normalize_pandas(self, frame: pd.DataFrame) -> pd.DataFrame:
         """Give a pandas frame exactly this layout's columns and dtypes."""
-        wanted = {name: _PANDAS_DTYPES[kind] for name, kind in self.columns} | {TIME: "int64", DIFF: "int64"}
+        wanted = {name: PANDAS_DTYPES[kind] for name, kind in self.columns} | {TIME: "int64", DIFF: "int64"}
         out = frame[self.all_names] if list(frame.columns) != self.all_names else frame
         converting = {name: dtype for name, dtype in wanted.items() if out[name].dtype != dtype}
         out = out.astype(converting) if converting else out.copy()

@@ -349,10 +349,11 @@ def current() -> Binder | None:
 
 
 @contextmanager
-def binding(binder: Binder | None) -> Iterator[None]:
+def binding(binder: Binder | None, restart: bool = True) -> Iterator[None]:
     """Make ``binder`` (None: none) the active one for the statements built and run inside,
-    numbering its slots from the first."""
-    if binder is not None:
+    numbering its slots from the first (``restart=False``: going on from the slots bound
+    before, for a statement that also reads relations built in an earlier block)."""
+    if binder is not None and restart:
         binder.restart()
     token = _current.set(binder)
     try:

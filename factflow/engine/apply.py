@@ -40,7 +40,7 @@ from factflow.model.types import Kind
 if TYPE_CHECKING:  # pragma: no cover
     from factflow.engine.state import EngineState
 
-__all__ = ["apply_changes", "small_statements", "ARRANGING_THREADS"]
+__all__ = ["apply_changes", "current_states", "append_known", "small_statements", "ARRANGING_THREADS"]
 
 #: Threads arranging a bulk transaction's attributes at once (each attribute is one Spark
 #: job, about half of whose time is the driver planning it). Loading TPC-H lineitem at
@@ -63,7 +63,7 @@ def apply_changes(state: "EngineState", prepared: transaction.PreparedTransactio
     tx_view, registered = prepared.relation(spark)
     cx = EpochContext(epoch, spark, small=prepared.small)
     try:
-        current, probed = _current_states(cx, state, prepared, tx_view, epoch - 1)
+        current, probed = current_states(cx, state, prepared, tx_view, epoch - 1)
         sql = transaction.effective_changes(tx_view, prepared, current, inline_entities=bound.current() is None,
                                             probed=probed)
         changed = {} if sql is None else (
@@ -73,6 +73,14 @@ def apply_changes(state: "EngineState", prepared: transaction.PreparedTransactio
         cx.release()
         if registered:
             drop_view(spark, registered)
+    append_known(state, epoch, known, changed, watched)
+    return changed, watched
+
+
+def append_known(state: "EngineState", epoch: int, known: dict[int, pd.DataFrame] | None,
+                 changed: dict[int, int], watched: dict[int, pd.DataFrame]) -> None:
+    """Append the engine's own effective changes ``known`` (see :func:`apply_changes`) to
+    ``changed`` and ``watched``, and close ``epoch`` on every attribute it did not change."""
     for aid, frame in (known or {}).items():
         state.arrangements[aid].apply_pandas(frame, epoch)
         changed[aid] = len(frame)
@@ -81,10 +89,9 @@ def apply_changes(state: "EngineState", prepared: transaction.PreparedTransactio
     for aid, arrangement in state.arrangements.items():
         if aid not in changed:
             arrangement.advance_upper(epoch + 1)
-    return changed, watched
 
 
-def _current_states(cx: EpochContext, state: "EngineState", prepared: transaction.PreparedTransaction, tx_view: str,
+def current_states(cx: EpochContext, state: "EngineState", prepared: transaction.PreparedTransaction, tx_view: str,
                     as_of: int) -> tuple[dict[int, str], str | None]:
     """The forward indexes as of ``as_of`` of the attributes the transaction writes: per
     attribute id a SQL relation ``(e, v, _diff)``, and one relation in the transaction's

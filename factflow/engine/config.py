@@ -61,6 +61,12 @@ class EngineConfig:
     the driver's class path, as factflow's own sessions have it). ``False`` plans every
     statement anew.
 
+    ``guess_changes``: a small transaction that installed queries read is appended as the
+    effective changes it usually is (new facts asserted, present ones retracted), and its
+    queries' job checks that guess, so the epoch is one Spark job instead of two; a wrong
+    guess is rolled back and the epoch run again (see :mod:`factflow.engine.speculation`).
+    ``False`` computes the effective changes first, in a job of their own.
+
     Durable engines (``Engine(state_dir=...)``, see :mod:`factflow.engine.durability`):
     a checkpoint is written in the background once ``checkpoint_interval`` epochs (0: only
     when :meth:`factflow.Engine.checkpoint` is called) or ``checkpoint_log_bytes`` bytes of
@@ -91,6 +97,7 @@ class EngineConfig:
     recompute_fraction: float = 0.5
     overlap_merges: bool = False
     reuse_plans: bool = True
+    guess_changes: bool = True
     checkpoint_interval: int = 1000
     checkpoint_log_bytes: int = 64 << 20
     offset_history: int = 10_000

@@ -8,6 +8,11 @@ whatever the number of installed queries:
    (:mod:`factflow.engine.apply`).
 2. *queries*: the pending state changes and outputs of every affected query are built as
    one union and fetched in one job (or, for bulk changes, checkpointed in Spark).
+
+A small transaction that installed queries read skips the first job when it can: its
+operations are appended as the effective changes they usually are, and the queries'
+fetch checks that guess in the same job; a wrong guess rolls the epoch back and runs it
+again as above (:mod:`factflow.engine.speculation`).
 3. *maintenance*: traces merge their batches geometrically (amortized) and stored
    batches write their index files (:mod:`factflow.engine.maintenance`).
 
@@ -40,9 +45,10 @@ from factflow.arrangement.filed import HeldRows
 from factflow.dataflow.context import EpochContext
 from factflow.dataflow.nodes import OUT, Stateful
 from factflow.engine import transaction
-from factflow.engine.apply import apply_changes
+from factflow.engine.apply import append_known, apply_changes
 from factflow.engine.delivery import Deliveries, Notice
 from factflow.engine.reports import EpochReport, spark_jobs
+from factflow.engine.speculation import Misspeculated, speculate
 from factflow.engine.session import driver_alive, label_jobs
 from factflow.engine.query import Query
 from factflow.engine.state import EngineState
@@ -93,18 +99,13 @@ def run_epoch(state: EngineState, tx: Any, group_prefix: str, epoch_log: list[Ep
                                    "transactions cannot write it")
         binder = state.binder if prepared.small else None  # small epochs reuse their plans
         counted = (binder.planned, binder.reused, binder.reanalysed) if binder is not None else (0, 0, 0)
-        with binding(binder):
-            changed, watched = apply_changes(state, prepared, epoch, known)
-        phases["changes"] = time.perf_counter() - started
-        mark = time.perf_counter()
-        affected = [q for q in state.queries.values()
-                    if any(state.schema.get(a).id in changed for a in q.dataflow.attributes)]
-        with binding(binder):
-            outputs, kept = state.evaluate(
-                [q.dataflow for q in affected], EpochContext(epoch, state.spark, small=prepared.small),
-                subscribed={n: None if q.pulls else q.dataflow.report_columns
-                            for q in affected for n in q.dataflow.outputs(q.has_subscribers)})
-        phases["queries"] = time.perf_counter() - mark
+        try:
+            changed, watched, affected, outputs, kept = _compute(state, prepared, epoch, known, binder, phases, True)
+        except Misspeculated as exc:  # run again without the guess
+            state.rollback(epoch)
+            changed, watched, affected, outputs, kept = _compute(state, prepared, epoch, known, binder, phases, False)
+            for aid in exc.attributes:  # the transaction was valid: its shape, not an error, defeated the guess
+                state.misspeculated[aid] = epoch
         if journal is not None:
             mark = time.perf_counter()
             sc.setJobDescription(f"epoch {epoch}: write-ahead log")
@@ -143,6 +144,48 @@ def run_epoch(state: EngineState, tx: Any, group_prefix: str, epoch_log: list[Ep
     if log.isEnabledFor(logging.INFO):
         log.info(report.describe())
     return epoch
+
+
+def _compute(state: EngineState, prepared: transaction.PreparedTransaction, epoch: int,
+             known: dict[int, pd.DataFrame] | None, binder, phases: dict[str, float], guess: bool):
+    """The epoch's effective changes appended and its queries evaluated: the changed rows
+    per attribute, the feeds' changes, the affected queries, their outputs and the traces
+    kept in Spark. With ``guess``, the changes of a small transaction may be guessed and
+    checked in the queries' job (:mod:`factflow.engine.speculation`); a wrong guess raises
+    :class:`Misspeculated` (the caller rolls back and computes again without one), and so
+    does any failure of a guessed epoch."""
+    mark = time.perf_counter()
+    cx = EpochContext(epoch, state.spark, small=prepared.small)
+    with binding(binder):
+        try:
+            speculation = speculate(state, prepared, epoch, cx) if guess else None
+        except BaseException:
+            cx.release()
+            raise
+        if speculation is None:
+            changed, watched = apply_changes(state, prepared, epoch, known)
+        else:
+            changed, watched = dict(speculation.changed), dict(speculation.watched)
+            append_known(state, epoch, known, changed, watched)
+    phases["changes"] = time.perf_counter() - mark
+    mark = time.perf_counter()
+    affected = [q for q in state.queries.values()
+                if any(state.schema.get(a).id in changed for a in q.dataflow.attributes)]
+    try:
+        with binding(binder, restart=speculation is None):  # the check reads the guess's slots
+            outputs, kept = state.evaluate(
+                [q.dataflow for q in affected], cx,
+                subscribed={n: None if q.pulls else q.dataflow.report_columns
+                            for q in affected for n in q.dataflow.outputs(q.has_subscribers)},
+                check=None if speculation is None else speculation.check)
+    except Misspeculated as exc:
+        raise Misspeculated(exc.attributes or speculation.attributes) from None
+    except Exception as exc:
+        if speculation is None:
+            raise
+        raise Misspeculated(set()) from exc
+    phases["queries"] = time.perf_counter() - mark
+    return changed, watched, affected, outputs, kept
 
 
 def _release_held(outputs: dict[Stateful, pd.DataFrame | HeldRows]) -> None:

@@ -66,6 +66,7 @@ from factflow.dataflow.context import EpochContext
 from factflow.dataflow.nodes import OUT, Columns, Distinct, Node, Stateful
 from factflow.dataflow.recursion import Fixpoint
 from factflow.engine.collect import Collector
+from factflow.engine.speculation import Misspeculated
 from factflow.model.frames import spark_frame
 from factflow.model.types import Kind, spark_type
 from factflow.storage.location import Location
@@ -94,8 +95,11 @@ class Evaluation:
 
     def __init__(self, spark: SparkSession, cx: EpochContext, small_statements: "Callable[[], AbstractContextManager]",
                  fetch_limit: int, directory: Location, recompute_fraction: float = 0.5,
-                 small_rows: int = 20_000):
+                 small_rows: int = 20_000, check: str | None = None):
         self.spark = spark
+        #: the relation checking the epoch's guessed changes, until it is checked: with the
+        #: first round's fetch, else alone at the end (see :mod:`factflow.engine.speculation`)
+        self.check = check
         self.cx = cx
         self.small_statements = small_statements
         self.fetch_limit = fetch_limit
@@ -178,6 +182,8 @@ class Evaluation:
                         continue
                     self.kept += [node.writer.name for node, _ in steps]
                 self._store(steps, outputs, subscribed, label)
+            if self.check is not None:
+                self._verify(Collector(), f"{description}: check the guessed changes")
         finally:
             for view in self._views:
                 drop_view(self.spark, view)
@@ -363,8 +369,10 @@ class Evaluation:
             extra = [(DIFF, Kind.LONG)] + ([(OUT, Kind.LONG)] if isinstance(node, Distinct) else [])
             collector.add(relation, list(node.columns) + extra)
             fetched_steps.append((node, step))
-        with self.small_statements():
-            frames = collector.run(self.spark, cx, self.fetch_limit, label)
+        frames = self._verify(collector, label) if self.check is not None else None
+        if frames is None:
+            with self.small_statements():
+                frames = collector.run(self.spark, cx, self.fetch_limit, label)
         over = []
         for (node, step), frame in zip(fetched_steps, frames):
             if frame is None:
@@ -376,6 +384,19 @@ class Evaluation:
             log.info("%s: the rows of %s exceed their share of fetch_limit (%d); kept in Spark", label,
                      ", ".join(node.writer.name for node, _ in over), self.fetch_limit)
         return over
+
+    def _verify(self, collector: Collector, label: str) -> list[pd.DataFrame | None]:
+        """Fetch ``collector``'s relations and the check of the guessed changes with one job;
+        raise :class:`Misspeculated` (nothing of the fetch committed) unless the check has no
+        rows. Returns the frames of the collector's relations."""
+        position = collector.add(self.check, [("a", Kind.LONG)])
+        with self.small_statements():
+            frames = collector.run(self.spark, self.cx, self.fetch_limit, label)
+        found = frames.pop(position)
+        if found is None or len(found):
+            raise Misspeculated(set() if found is None else set(found["a"].tolist()))
+        self.check = None
+        return frames
 
     # ------------------------------------------------------------ bulk epochs and installs: keep in Spark
     def _store(self, steps, outputs, subscribed, label: str) -> None:

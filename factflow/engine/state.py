@@ -68,6 +68,9 @@ class EngineState:
         self.clock: EventClock | None = None
         self._query_counter = 0
         self.unmaintained: list[tuple[int, set[int], list[Query]]] = []  # (epoch, attribute ids, queries)
+        #: attribute id -> the latest epoch whose guessed changes of it were wrong (see
+        #: :mod:`factflow.engine.speculation`)
+        self.misspeculated: dict[int, int] = {}
         self.binder = bound.Binder(spark) if config.reuse_plans and bound.supported(spark) else None
 
     # ------------------------------------------------------------ what is held
@@ -121,24 +124,25 @@ class EngineState:
 
     # ------------------------------------------------------------ moving between epochs
     def evaluate(self, dataflows: Sequence[Dataflow], cx: EpochContext, subscribed: set,
-                 settled: Sequence[Node] = ()) -> tuple[dict[Stateful, pd.DataFrame], list[str]]:
+                 settled: Sequence[Node] = (), check: str | None = None) -> tuple[dict[Stateful, pd.DataFrame], list[str]]:
         """Compute and commit the pending state of ``dataflows`` for one evaluation
         (operators shared by several dataflows once; ``settled`` ones not at all).
 
         Returns the output rows of result operators (all of them for small epochs, those
         with subscribers otherwise), and the traces whose rows a small epoch kept in Spark
-        because they exceeded what a fetch may bring to the driver.
+        because they exceeded what a fetch may bring to the driver. ``check`` names the
+        relation checking the epoch's guessed changes (see :mod:`factflow.engine.speculation`).
         """
         nodes: list[Stateful] = []
         for df in dataflows:
             nodes += [n for n in df.stateful if n not in nodes and n not in settled]
-        if not nodes:
+        if not nodes and check is None:
             return {}, []
         names = ", ".join(df.name for df in dataflows)
         what = f"install {names}" if cx.install else f"epoch {cx.epoch}: queries {names}"
         evaluation = Evaluation(self.spark, cx, partial(small_statements, self.spark, self.config.small_conf),
                                 self.config.fetch_limit, self.policy.directory, self.config.recompute_fraction,
-                                self.config.local_limit)
+                                self.config.local_limit, check)
         return evaluation.run(nodes, subscribed, what), evaluation.kept
 
     def advance(self, epoch: int) -> None:

@@ -54,11 +54,12 @@ from factflow.arrangement.views import register_view
 from factflow.errors import EdnSyntaxError, TransactionError, UnknownAttributeError
 from factflow.model.frames import in_session
 from factflow.model.schema import Attribute, Schema
+from factflow.dataflow.context import EpochContext
 from factflow.dataflow.statement import Statement
 from factflow.model.types import FRACTIONAL_TYPES, Kind, coerce_value, kind_of_type, python_type_name, spark_type, sql_type, typed_column
 from factflow.text import plural
 
-__all__ = ["PreparedTransaction", "WideOps", "WideFrame", "prepare", "read_ops", "read_wide", "combine", "effective_changes", "format_errors", "SLOT", "TX_SCHEMA", "ERR"]
+__all__ = ["PreparedTransaction", "WideOps", "WideFrame", "prepare", "read_ops", "read_wide", "combine", "effective_changes", "changes_relation", "format_errors", "SLOT", "TX_SCHEMA", "ERR"]
 
 SLOT = {Kind.LONG: "vl", Kind.DOUBLE: "vd", Kind.STRING: "vs", Kind.BOOLEAN: "vb", Kind.INSTANT: "vt"}
 ERR = "err"
@@ -571,7 +572,7 @@ def _ids(attributes: Sequence[Attribute]) -> str:
     return ", ".join(str(a.id) for a in attributes)
 
 
-def _present(sql: Statement, tx_view: str, tx: PreparedTransaction, current: dict[int, str],
+def _present(sql: "Statement | EpochContext", tx_view: str, tx: PreparedTransaction, current: dict[int, str],
              inline_entities: bool, probed: str | None) -> str:
     """The current facts ``(a, e, <value slots>, n_add, n_ret, cur)`` of the entities the
     transaction touches, every attribute's in the wide form. A small transaction restricts
@@ -597,7 +598,7 @@ def _present(sql: Statement, tx_view: str, tx: PreparedTransaction, current: dic
                       f"ON p.`a` = k.`a` AND p.`e` = k.`e`")
 
 
-def _changes(sql: Statement, tx_view: str, tx: PreparedTransaction, current: dict[int, str],
+def _changes(sql: "Statement | EpochContext", tx_view: str, tx: PreparedTransaction, current: dict[int, str],
              inline_entities: bool, probed: str | None) -> str:
     """Effective changes and errors ``(a, e, <value slots>, _diff, err)`` of every attribute
     the transaction touches, in one pass over the transaction.
@@ -642,6 +643,14 @@ def _changes(sql: Statement, tx_view: str, tx: PreparedTransaction, current: dic
                f"transaction: ', concat_ws(', ', array_sort(`added_values`))) END")
     decided = f"SELECT `a`, `e`, {slots}, CAST({diff} AS BIGINT) AS `{DIFF}`, {err} AS `{ERR}` FROM ({facts})"
     return sql.define(f"SELECT * FROM ({decided}) WHERE `{DIFF}` <> 0 OR `{ERR}` IS NOT NULL")
+
+
+def changes_relation(sql: "Statement | EpochContext", tx_view: str, tx: PreparedTransaction, current: dict[int, str],
+                     inline_entities: bool, probed: str | None = None) -> str:
+    """The effective changes and errors of a small transaction's rows (no Spark input) as a
+    subquery defined in ``sql`` (a statement, or an evaluation's context): its name. Same
+    arguments and columns as :func:`effective_changes`."""
+    return _changes(sql, tx_view, tx, current, inline_entities, probed)
 
 
 def effective_changes(tx_view: str, tx: PreparedTransaction, current: dict[int, str],

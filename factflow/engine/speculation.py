@@ -1,0 +1,116 @@
+"""Small epochs in one Spark job: the transaction's effective changes guessed, and the guess
+checked by Spark inside the queries' job.
+
+A small epoch needs its effective changes (the transaction against the current state of
+the entities it touches: :mod:`factflow.engine.apply`) before its queries can read them,
+and computing them is a Spark job of its own. Most small transactions change exactly
+what they say: they assert facts not yet present and retract facts that are. So the
+engine *guesses* that: it appends the transaction's operations to the arrangements as the
+epoch's changes, and the queries' first fetch (:class:`factflow.engine.evaluation.Evaluation`)
+computes, beside the queries' rows and in the same job, where the guess and the effective
+changes Spark computes from the state differ. No difference, and the epoch took one job
+instead of two. A difference (an assertion of a present fact, a new value displacing a
+cardinality-one attribute's current one, a transaction Spark rejects), and the epoch is
+rolled back and run again the usual way (:func:`factflow.engine.epoch.run_epoch`); the
+attributes that differed are not guessed for the next :data:`PAUSE` epochs, so a stream of
+updates to existing entities pays the failed guess once, not every epoch.
+
+Spark stays the authority: nothing the guess put in is committed unless Spark's own
+effective changes equal it, row for row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import pandas as pd
+
+from factflow.arrangement import bound
+from factflow.arrangement.batch import DIFF, PANDAS_DTYPES
+from factflow.dataflow.context import EpochContext
+from factflow.engine import transaction
+from factflow.engine.apply import current_states
+from factflow.model.types import Kind
+
+if TYPE_CHECKING:  # pragma: no cover
+    from factflow.engine.state import EngineState
+
+__all__ = ["Speculation", "Misspeculated", "speculate", "PAUSE"]
+
+#: Epochs during which an attribute whose guess was wrong is not guessed again.
+PAUSE = 32
+
+_SLOTS = ", ".join(f"`{transaction.SLOT[k]}`" for k in Kind)
+
+
+class Misspeculated(Exception):
+    """The effective changes Spark computed differ from the guess (internal: the epoch is run
+    again without one)."""
+
+    def __init__(self, attributes: set[int]):
+        super().__init__(f"the guessed changes of attributes {sorted(attributes)} were not the effective ones")
+        self.attributes = attributes
+
+
+@dataclass
+class Speculation:
+    """A guess appended to the arrangements, and the relation that checks it.
+
+    ``check`` names a relation of the evaluation's context with a row (column ``a``, the
+    attribute id) for every change where the guess and the effective changes differ and
+    every error Spark found in the transaction: none when the guess is right."""
+
+    check: str
+    attributes: set[int]
+    changed: dict[int, int] = field(default_factory=dict)
+    watched: dict[int, pd.DataFrame] = field(default_factory=dict)
+
+
+def speculate(state: "EngineState", prepared: transaction.PreparedTransaction, epoch: int,
+              cx: EpochContext) -> Speculation | None:
+    """Append the guess of a small transaction's effective changes for ``epoch`` and define
+    the relation checking it in ``cx`` (the context the epoch's queries are evaluated in);
+    None, with nothing appended, when the epoch is not guessed: guessing is off
+    (``EngineConfig.guess_changes``), a bulk transaction, one
+    whose operations repeat a fact, one that touches an attribute guessed wrong less than
+    :data:`PAUSE` epochs ago, or one that no installed query reads (its one job computes
+    the effective changes anyway)."""
+    local = prepared.local
+    if not state.config.guess_changes or not prepared.small or local is None or prepared.entities is None or not prepared.attributes:
+        return None
+    ids = {a.id for a in prepared.attributes}
+    if any(epoch - state.misspeculated.get(aid, -PAUSE) < PAUSE for aid in ids):
+        return None
+    if not any(state.schema.get(a).id in ids for q in state.queries.values() for a in q.dataflow.attributes):
+        return None
+    slots = [transaction.SLOT[k] for k in Kind]
+    rows = local[local["e"].notna() & local[slots].notna().any(axis=1) & local["a"].isin(ids)]
+    if rows.duplicated(["a", "e", *slots]).any():
+        return None
+    tx_view, registered = prepared.relation(cx.spark)
+    if registered:
+        cx.views.append(registered)
+    current, probed = current_states(cx, state, prepared, tx_view, epoch - 1)
+    changes = transaction.changes_relation(cx, tx_view, prepared, current, inline_entities=bound.current() is None,
+                                           probed=probed)
+    guess = (f"SELECT `a`, `e`, {_SLOTS}, CAST(`op` AS BIGINT) AS `{DIFF}`, false AS `bad`, -1L AS `w` FROM {tx_view} "
+             f"WHERE `a` IN ({', '.join(map(str, sorted(ids)))}) AND `e` IS NOT NULL "
+             f"AND ({' OR '.join(f'`{s}` IS NOT NULL' for s in slots)})")
+    both = (f"SELECT `a`, `e`, {_SLOTS}, `{DIFF}`, `{transaction.ERR}` IS NOT NULL AS `bad`, 1L AS `w` FROM {changes} "
+            f"UNION ALL {guess}")
+    check = cx.define(f"SELECT `a` FROM (SELECT `a`, `bad`, SUM(`w`) AS `w` FROM ({both}) "
+                      f"GROUP BY `a`, `e`, {_SLOTS}, `{DIFF}`, `bad`) WHERE `w` <> 0 OR `bad`")
+    speculation = Speculation(check, ids)
+    for attribute in prepared.attributes:
+        part = rows[rows["a"] == attribute.id]
+        if part.empty:
+            continue
+        values = part[transaction.SLOT[attribute.kind]].astype(PANDAS_DTYPES[attribute.kind])
+        frame = pd.DataFrame({"e": part["e"].to_numpy(dtype="int64"), "v": values.to_numpy(),
+                              DIFF: part["op"].to_numpy(dtype="int64")})
+        state.arrangements[attribute.id].apply_pandas(frame, epoch)
+        speculation.changed[attribute.id] = len(frame)
+        if state.watched(attribute.id):
+            speculation.watched[attribute.id] = frame
+    return speculation

@@ -113,3 +113,18 @@ def test_a_rejected_transaction_is_rejected_as_before_and_leaves_no_trace(db):
     db.transact([add(8, ":p/name", "n8")])
     assert names.results() == {**before, (8, "n8"): 1}
     assert len(jobs(db)) == 1, "a rejected transaction kept the next from being guessed: " + str(jobs(db))
+
+
+def test_each_further_wrong_guess_doubles_the_pause_up_to_its_longest():
+    from types import SimpleNamespace
+
+    from factflow.engine.speculation import LONGEST_PAUSE, paused
+
+    state = SimpleNamespace(misspeculated={})
+    paused(state, {4}, 10)
+    assert state.misspeculated == {4: (10 + PAUSE, PAUSE)}
+    paused(state, {4, 5}, 50)
+    assert state.misspeculated == {4: (50 + 2 * PAUSE, 2 * PAUSE), 5: (50 + PAUSE, PAUSE)}
+    for epoch in range(100, 120):
+        paused(state, {4}, epoch)
+    assert state.misspeculated[4] == (119 + LONGEST_PAUSE, LONGEST_PAUSE)

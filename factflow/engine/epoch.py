@@ -48,7 +48,7 @@ from factflow.engine import transaction
 from factflow.engine.apply import append_known, apply_changes
 from factflow.engine.delivery import Deliveries, Notice
 from factflow.engine.reports import EpochReport, spark_jobs
-from factflow.engine.speculation import Misspeculated, speculate
+from factflow.engine.speculation import Misspeculated, paused, speculate
 from factflow.engine.session import driver_alive, label_jobs
 from factflow.engine.query import Query
 from factflow.engine.state import EngineState
@@ -104,8 +104,7 @@ def run_epoch(state: EngineState, tx: Any, group_prefix: str, epoch_log: list[Ep
         except Misspeculated as exc:  # run again without the guess
             state.rollback(epoch)
             changed, watched, affected, outputs, kept = _compute(state, prepared, epoch, known, binder, phases, False)
-            for aid in exc.attributes:  # the transaction was valid: its shape, not an error, defeated the guess
-                state.misspeculated[aid] = epoch
+            paused(state, exc.attributes, epoch)  # the transaction was valid: its shape defeated the guess
         if journal is not None:
             mark = time.perf_counter()
             sc.setJobDescription(f"epoch {epoch}: write-ahead log")

@@ -68,9 +68,10 @@ class EngineState:
         self.clock: EventClock | None = None
         self._query_counter = 0
         self.unmaintained: list[tuple[int, set[int], list[Query]]] = []  # (epoch, attribute ids, queries)
-        #: attribute id -> the latest epoch whose guessed changes of it were wrong (see
+        #: attribute id -> (the first epoch its changes may be guessed again, the pause that
+        #: ends then), for the attributes whose guessed changes were wrong (see
         #: :mod:`factflow.engine.speculation`)
-        self.misspeculated: dict[int, int] = {}
+        self.misspeculated: dict[int, tuple[int, int]] = {}
         self.binder = bound.Binder(spark) if config.reuse_plans and bound.supported(spark) else None
 
     # ------------------------------------------------------------ what is held

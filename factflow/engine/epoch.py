@@ -8,13 +8,13 @@ whatever the number of installed queries:
    (:mod:`factflow.engine.apply`).
 2. *queries*: the pending state changes and outputs of every affected query are built as
    one union and fetched in one job (or, for bulk changes, checkpointed in Spark).
+3. *maintenance*: traces merge their batches geometrically (amortized) and stored
+   batches write their index files (:mod:`factflow.engine.maintenance`).
 
 A small transaction that installed queries read skips the first job when it can: its
 operations are appended as the effective changes they usually are, and the queries'
 fetch checks that guess in the same job; a wrong guess rolls the epoch back and runs it
 again as above (:mod:`factflow.engine.speculation`).
-3. *maintenance*: traces merge their batches geometrically (amortized) and stored
-   batches write their index files (:mod:`factflow.engine.maintenance`).
 
 Between the second and the third phase a durable engine logs the epoch's effective
 changes and offsets (``journal``, see :mod:`factflow.engine.durability`); then the epoch commits: the latest closed epoch moves
@@ -40,7 +40,7 @@ from typing import Any, Callable
 import pandas as pd
 
 from factflow.arrangement.batch import DIFF
-from factflow.arrangement.bound import binding
+from factflow.arrangement.bound import Binder, binding
 from factflow.arrangement.filed import HeldRows
 from factflow.dataflow.context import EpochContext
 from factflow.dataflow.nodes import OUT, Stateful
@@ -146,7 +146,9 @@ def run_epoch(state: EngineState, tx: Any, group_prefix: str, epoch_log: list[Ep
 
 
 def _compute(state: EngineState, prepared: transaction.PreparedTransaction, epoch: int,
-             known: dict[int, pd.DataFrame] | None, binder, phases: dict[str, float], guess: bool):
+             known: dict[int, pd.DataFrame] | None, binder: Binder | None, phases: dict[str, float],
+             guess: bool) -> tuple[dict[int, int], dict[int, pd.DataFrame], list[Query],
+                                   dict[Stateful, pd.DataFrame | HeldRows], list[str]]:
     """The epoch's effective changes appended and its queries evaluated: the changed rows
     per attribute, the feeds' changes, the affected queries, their outputs and the traces
     kept in Spark. With ``guess``, the changes of a small transaction may be guessed and

@@ -183,7 +183,7 @@ class Evaluation:
                     self.kept += [node.writer.name for node, _ in steps]
                 self._store(steps, outputs, subscribed, label)
             if self.check is not None:
-                self._verify(Collector(), f"{description}: check the guessed changes")
+                self._verify(Collector(), description)
         finally:
             for view in self._views:
                 drop_view(self.spark, view)
@@ -391,7 +391,7 @@ class Evaluation:
         rows. Returns the frames of the collector's relations."""
         position = collector.add(self.check, [("a", Kind.LONG)])
         with self.small_statements():
-            frames = collector.run(self.spark, self.cx, self.fetch_limit, label)
+            frames = collector.run(self.spark, self.cx, self.fetch_limit, f"{label}; its guessed changes checked")
         found = frames.pop(position)
         if found is None or len(found):
             raise Misspeculated(set() if found is None else set(found["a"].tolist()))

@@ -115,16 +115,20 @@ def test_a_rejected_transaction_is_rejected_as_before_and_leaves_no_trace(db):
     assert len(jobs(db)) == 1, "a rejected transaction kept the next from being guessed: " + str(jobs(db))
 
 
-def test_each_further_wrong_guess_doubles_the_pause_up_to_its_longest():
-    from types import SimpleNamespace
+def test_each_further_wrong_guess_doubles_the_pause_and_wrong_guesses_in_a_row_pause_all():
+    from factflow.engine.speculation import LONGEST_PAUSE, Guesses
 
-    from factflow.engine.speculation import LONGEST_PAUSE, paused
-
-    state = SimpleNamespace(misspeculated={})
-    paused(state, {4}, 10)
-    assert state.misspeculated == {4: (10 + PAUSE, PAUSE)}
-    paused(state, {4, 5}, 50)
-    assert state.misspeculated == {4: (50 + 2 * PAUSE, 2 * PAUSE), 5: (50 + PAUSE, PAUSE)}
+    guesses = Guesses()
+    guesses.wrong({4}, 10)
+    assert guesses.attributes == {4: (10 + PAUSE, PAUSE)} and guesses.allowed({5}, 11)
+    assert not guesses.allowed({4, 5}, 10 + PAUSE - 1) and guesses.allowed({4}, 10 + PAUSE)
+    guesses.right()
+    guesses.wrong({4, 5}, 50)  # after a right guess: not two in a row
+    assert guesses.attributes == {4: (50 + 2 * PAUSE, 2 * PAUSE), 5: (50 + PAUSE, PAUSE)}
+    assert guesses.allowed({6}, 51)
+    guesses.wrong({6}, 51)  # two in a row: nothing is guessed for a while
+    assert not guesses.allowed({7}, 52) and guesses.allowed({7}, 51 + PAUSE)
     for epoch in range(100, 120):
-        paused(state, {4}, epoch)
-    assert state.misspeculated[4] == (119 + LONGEST_PAUSE, LONGEST_PAUSE)
+        guesses.wrong({4}, epoch)
+    assert guesses.attributes[4] == (119 + LONGEST_PAUSE, LONGEST_PAUSE)
+    assert guesses.everything == (119 + LONGEST_PAUSE, LONGEST_PAUSE)

@@ -48,7 +48,7 @@ from factflow.engine import transaction
 from factflow.engine.apply import append_known, apply_changes
 from factflow.engine.delivery import Deliveries, Notice
 from factflow.engine.reports import EpochReport, spark_jobs
-from factflow.engine.speculation import Misspeculated, paused, speculate
+from factflow.engine.speculation import Misspeculated, speculate
 from factflow.engine.session import driver_alive, label_jobs
 from factflow.engine.query import Query
 from factflow.engine.state import EngineState
@@ -100,11 +100,14 @@ def run_epoch(state: EngineState, tx: Any, group_prefix: str, epoch_log: list[Ep
         binder = state.binder if prepared.small else None  # small epochs reuse their plans
         counted = (binder.planned, binder.reused, binder.reanalysed) if binder is not None else (0, 0, 0)
         try:
-            changed, watched, affected, outputs, kept = _compute(state, prepared, epoch, known, binder, phases, True)
+            changed, watched, affected, outputs, kept, guessed = _compute(state, prepared, epoch, known, binder,
+                                                                          phases, True)
+            if guessed:
+                state.guesses.right()
         except Misspeculated as exc:  # run again without the guess
             state.rollback(epoch)
-            changed, watched, affected, outputs, kept = _compute(state, prepared, epoch, known, binder, phases, False)
-            paused(state, exc.attributes, epoch)  # the transaction was valid: its shape defeated the guess
+            changed, watched, affected, outputs, kept, _ = _compute(state, prepared, epoch, known, binder, phases, False)
+            state.guesses.wrong(exc.attributes, epoch)  # the transaction was valid: its shape defeated the guess
         if journal is not None:
             mark = time.perf_counter()
             sc.setJobDescription(f"epoch {epoch}: write-ahead log")
@@ -148,10 +151,10 @@ def run_epoch(state: EngineState, tx: Any, group_prefix: str, epoch_log: list[Ep
 def _compute(state: EngineState, prepared: transaction.PreparedTransaction, epoch: int,
              known: dict[int, pd.DataFrame] | None, binder: Binder | None, phases: dict[str, float],
              guess: bool) -> tuple[dict[int, int], dict[int, pd.DataFrame], list[Query],
-                                   dict[Stateful, pd.DataFrame | HeldRows], list[str]]:
+                                   dict[Stateful, pd.DataFrame | HeldRows], list[str], bool]:
     """The epoch's effective changes appended and its queries evaluated: the changed rows
-    per attribute, the feeds' changes, the affected queries, their outputs and the traces
-    kept in Spark. With ``guess``, the changes of a small transaction may be guessed and
+    per attribute, the feeds' changes, the affected queries, their outputs, the traces
+    kept in Spark and whether the changes were guessed (and right). With ``guess``, the changes of a small transaction may be guessed and
     checked in the queries' job (:mod:`factflow.engine.speculation`); a wrong guess raises
     :class:`Misspeculated` (the caller rolls back and computes again without one), and so
     does any failure of a guessed epoch."""
@@ -186,7 +189,7 @@ def _compute(state: EngineState, prepared: transaction.PreparedTransaction, epoc
             raise
         raise Misspeculated(set()) from exc
     phases["queries"] = time.perf_counter() - mark
-    return changed, watched, affected, outputs, kept
+    return changed, watched, affected, outputs, kept, speculation is not None
 
 
 def _release_held(outputs: dict[Stateful, pd.DataFrame | HeldRows]) -> None:

@@ -14,7 +14,8 @@ cardinality-one attribute's current one, a transaction Spark rejects), and the e
 rolled back and run again the usual way (:func:`factflow.engine.epoch.run_epoch`); the
 attributes that differed are not guessed for the next :data:`PAUSE` epochs, twice as many
 after each further wrong guess (up to :data:`LONGEST_PAUSE`), so a stream of updates to
-existing entities pays for a wrong guess rarely, not every epoch. Transactions of more
+existing entities pays for a wrong guess rarely, not every epoch; two wrong guesses in a
+row pause every guess the same way (:class:`Guesses`). Transactions of more
 than :data:`GUESSED_OPERATIONS` operations are not guessed: what a wrong guess wastes (the
 queries' evaluation) grows with the transaction, the job it saves does not. (In
 ``benchmarks/epoch_latency.py`` a wrong guess on 10,000 operations cost an epoch 8.9-9.3 s
@@ -41,7 +42,7 @@ from factflow.model.types import Kind
 if TYPE_CHECKING:  # pragma: no cover
     from factflow.engine.state import EngineState
 
-__all__ = ["Speculation", "Misspeculated", "speculate", "paused", "PAUSE", "LONGEST_PAUSE", "GUESSED_OPERATIONS"]
+__all__ = ["Speculation", "Misspeculated", "Guesses", "speculate", "PAUSE", "LONGEST_PAUSE", "GUESSED_OPERATIONS"]
 
 #: Epochs during which an attribute whose guess was wrong is not guessed again (after its
 #: first wrong guess; each further one doubles it, up to LONGEST_PAUSE).
@@ -82,8 +83,8 @@ def speculate(state: "EngineState", prepared: transaction.PreparedTransaction, e
     the relation checking it in ``cx`` (the context the epoch's queries are evaluated in);
     None, with nothing appended, when the epoch is not guessed: guessing is off
     (``EngineConfig.guess_changes``), a transaction of more than :data:`GUESSED_OPERATIONS`, one
-    whose operations repeat a fact, one that touches an attribute guessed wrong less than
-    its pause ago (see :func:`paused`), or one that no installed query reads (its one job computes
+    whose operations repeat a fact, one that a pause after wrong guesses excludes (see
+    :class:`Guesses`), or one that no installed query reads (its one job computes
     the effective changes anyway)."""
     local = prepared.local
     if not state.config.guess_changes or not prepared.small or local is None or prepared.entities is None or not prepared.attributes:
@@ -91,7 +92,7 @@ def speculate(state: "EngineState", prepared: transaction.PreparedTransaction, e
     if len(local) > GUESSED_OPERATIONS:
         return None
     ids = {a.id for a in prepared.attributes}
-    if any(aid in state.misspeculated and epoch < state.misspeculated[aid][0] for aid in ids):
+    if not state.guesses.allowed(ids, epoch):
         return None
     if not any(state.schema.get(a).id in ids for q in state.queries.values() for a in q.dataflow.attributes):
         return None
@@ -127,9 +128,41 @@ def speculate(state: "EngineState", prepared: transaction.PreparedTransaction, e
     return speculation
 
 
-def paused(state: "EngineState", attributes: set[int], epoch: int) -> None:
-    """Note that the guess of ``attributes``'s changes was wrong in ``epoch``: none of them
-    is guessed before ``epoch + PAUSE``, or twice its last pause after the end of it."""
-    for aid in attributes:
-        _, pause = state.misspeculated.get(aid, (0, PAUSE // 2))
-        state.misspeculated[aid] = (epoch + min(pause * 2, LONGEST_PAUSE), min(pause * 2, LONGEST_PAUSE))
+@dataclass
+class Guesses:
+    """What an engine learned from its guesses: per attribute, when its changes may be
+    guessed again and the pause that ends then; and for all attributes, the wrong guesses
+    in a row and the epoch before which nothing is guessed.
+
+    A wrong guess pauses the attributes that differed for :data:`PAUSE` epochs, or twice
+    their last pause (up to :data:`LONGEST_PAUSE`). Wrong guesses in a row, on whatever
+    attributes (a stream whose transactions often repeat facts or displace values: the
+    oracle streams of the tests), pause every guess the same way, each evaluation thrown
+    away costing the queries' statement; a right guess ends the row."""
+
+    attributes: dict[int, tuple[int, int]] = field(default_factory=dict)
+    in_a_row: int = 0
+    everything: tuple[int, int] = (0, PAUSE // 2)
+
+    def allowed(self, attributes: set[int], epoch: int) -> bool:
+        """Whether the changes of ``attributes`` may be guessed in ``epoch``."""
+        return epoch >= self.everything[0] and not any(
+            aid in self.attributes and epoch < self.attributes[aid][0] for aid in attributes)
+
+    def wrong(self, attributes: set[int], epoch: int) -> None:
+        """The guess of ``epoch`` was wrong about ``attributes``."""
+        for aid in attributes:
+            self.attributes[aid] = _doubled(self.attributes.get(aid), epoch)
+        self.in_a_row += 1
+        if self.in_a_row >= 2:
+            self.everything = _doubled(self.everything, epoch)
+
+    def right(self) -> None:
+        """A guess was right."""
+        self.in_a_row = 0
+
+
+def _doubled(last: tuple[int, int] | None, epoch: int) -> tuple[int, int]:
+    """The pause after a wrong guess in ``epoch``: ``PAUSE``, or twice the ``last`` one."""
+    pause = min((last[1] if last else PAUSE // 2) * 2, LONGEST_PAUSE)
+    return epoch + pause, pause

@@ -33,6 +33,7 @@ from factflow.engine.evaluation import Evaluation
 from factflow.engine.feeds import AttributeFeed
 from factflow.engine.history import History, private_handles
 from factflow.engine.offsets import SourceOffsets
+from factflow.engine.speculation import Guesses
 from factflow.errors import QueryError
 from factflow.model.schema import Attribute, Schema
 from factflow.planner.shared import SharedRules
@@ -68,10 +69,8 @@ class EngineState:
         self.clock: EventClock | None = None
         self._query_counter = 0
         self.unmaintained: list[tuple[int, set[int], list[Query]]] = []  # (epoch, attribute ids, queries)
-        #: attribute id -> (the first epoch its changes may be guessed again, the pause that
-        #: ends then), for the attributes whose guessed changes were wrong (see
-        #: :mod:`factflow.engine.speculation`)
-        self.misspeculated: dict[int, tuple[int, int]] = {}
+        #: what wrong guesses of small epochs' changes taught (:mod:`factflow.engine.speculation`)
+        self.guesses = Guesses()
         self.binder = bound.Binder(spark) if config.reuse_plans and bound.supported(spark) else None
 
     # ------------------------------------------------------------ what is held

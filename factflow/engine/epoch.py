@@ -154,8 +154,8 @@ def _compute(state: EngineState, prepared: transaction.PreparedTransaction, epoc
                                    dict[Stateful, pd.DataFrame | HeldRows], list[str], bool]:
     """The epoch's effective changes appended and its queries evaluated: the changed rows
     per attribute, the feeds' changes, the affected queries, their outputs, the traces
-    kept in Spark and whether the changes were guessed (and right). With ``guess``, the changes of a small transaction may be guessed and
-    checked in the queries' job (:mod:`factflow.engine.speculation`); a wrong guess raises
+    kept in Spark and whether the changes were guessed (and right). With ``guess``, the
+    changes of a small transaction may be guessed and checked in the queries' job (:mod:`factflow.engine.speculation`); a wrong guess raises
     :class:`Misspeculated` (the caller rolls back and computes again without one), and so
     does any failure of a guessed epoch."""
     mark = time.perf_counter()
@@ -169,7 +169,7 @@ def _compute(state: EngineState, prepared: transaction.PreparedTransaction, epoc
         if speculation is None:
             changed, watched = apply_changes(state, prepared, epoch, known)
         else:
-            changed, watched = dict(speculation.changed), dict(speculation.watched)
+            changed, watched = speculation.changed, speculation.watched
             append_known(state, epoch, known, changed, watched)
     phases["changes"] = time.perf_counter() - mark
     mark = time.perf_counter()

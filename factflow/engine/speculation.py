@@ -107,8 +107,7 @@ def speculate(state: "EngineState", prepared: transaction.PreparedTransaction, e
     changes = transaction.changes_relation(cx, tx_view, prepared, current, inline_entities=bound.current() is None,
                                            probed=probed)
     guess = (f"SELECT `a`, `e`, {_SLOTS}, CAST(`op` AS BIGINT) AS `{DIFF}`, false AS `bad`, -1L AS `w` FROM {tx_view} "
-             f"WHERE `a` IN ({', '.join(map(str, sorted(ids)))}) AND `e` IS NOT NULL "
-             f"AND ({' OR '.join(f'`{s}` IS NOT NULL' for s in slots)})")
+             f"WHERE {transaction.fact_operations(ids)}")
     both = (f"SELECT `a`, `e`, {_SLOTS}, `{DIFF}`, `{transaction.ERR}` IS NOT NULL AS `bad`, 1L AS `w` FROM {changes} "
             f"UNION ALL {guess}")
     check = cx.define(f"SELECT `a` FROM (SELECT `a`, `bad`, SUM(`w`) AS `w` FROM ({both}) "

@@ -33,7 +33,7 @@ of another session (a Structured Streaming micro-batch's) is handed over to the 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import datetime as dt
 
@@ -59,7 +59,7 @@ from factflow.dataflow.statement import Statement
 from factflow.model.types import FRACTIONAL_TYPES, Kind, coerce_value, kind_of_type, python_type_name, spark_type, sql_type, typed_column
 from factflow.text import plural
 
-__all__ = ["PreparedTransaction", "WideOps", "WideFrame", "prepare", "read_ops", "read_wide", "combine", "effective_changes", "changes_relation", "format_errors", "SLOT", "TX_SCHEMA", "ERR"]
+__all__ = ["PreparedTransaction", "WideOps", "WideFrame", "prepare", "read_ops", "read_wide", "combine", "effective_changes", "changes_relation", "fact_operations", "format_errors", "SLOT", "TX_SCHEMA", "ERR"]
 
 SLOT = {Kind.LONG: "vl", Kind.DOUBLE: "vd", Kind.STRING: "vs", Kind.BOOLEAN: "vb", Kind.INSTANT: "vt"}
 ERR = "err"
@@ -598,6 +598,13 @@ def _present(sql: "Statement | EpochContext", tx_view: str, tx: PreparedTransact
                       f"ON p.`a` = k.`a` AND p.`e` = k.`e`")
 
 
+def fact_operations(attribute_ids: Iterable[int]) -> str:
+    """The SQL condition on a transaction's rows that keeps its operations on facts: of one of
+    ``attribute_ids``, with an entity and a value."""
+    has_value = " OR ".join(f"`{SLOT[k]}` IS NOT NULL" for k in Kind)
+    return f"`a` IN ({', '.join(map(str, sorted(attribute_ids)))}) AND `e` IS NOT NULL AND ({has_value})"
+
+
 def _changes(sql: "Statement | EpochContext", tx_view: str, tx: PreparedTransaction, current: dict[int, str],
              inline_entities: bool, probed: str | None) -> str:
     """Effective changes and errors ``(a, e, <value slots>, _diff, err)`` of every attribute
@@ -612,11 +619,9 @@ def _changes(sql: "Statement | EpochContext", tx_view: str, tx: PreparedTransact
     number of attributes it touches.
     """
     slots = ", ".join(f"`{SLOT[k]}`" for k in Kind)
-    has_value = " OR ".join(f"`{SLOT[k]}` IS NOT NULL" for k in Kind)
-    ids = [a.id for a in tx.attributes]
     rows = (f"SELECT `a`, `e`, {slots}, CAST(`op` = 1 AS BIGINT) AS `n_add`, CAST(`op` = -1 AS BIGINT) AS `n_ret`, "
-            f"0L AS `cur` FROM {tx_view} WHERE `a` IN ({', '.join(map(str, ids))}) AND `e` IS NOT NULL "
-            f"AND ({has_value}) UNION ALL SELECT * FROM {_present(sql, tx_view, tx, current, inline_entities, probed)}")
+            f"0L AS `cur` FROM {tx_view} WHERE {fact_operations(a.id for a in tx.attributes)} "
+            f"UNION ALL SELECT * FROM {_present(sql, tx_view, tx, current, inline_entities, probed)}")
     spread = "" if tx.small else " DISTRIBUTE BY `a`, `e`"
     facts = (f"SELECT `a`, `e`, {slots}, SUM(`n_add`) AS `n_add`, SUM(`n_ret`) AS `n_ret`, SUM(`cur`) AS `cur` "
              f"FROM (SELECT * FROM {sql.define(rows)}{spread}) GROUP BY `a`, `e`, {slots}")

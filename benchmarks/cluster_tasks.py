@@ -8,12 +8,18 @@ its own mount namespace with its own loopback address), state in a local directo
 a directory both workers see. Each in a process of its own with the Spark UI on (the
 only difference from a default session), so that its REST API gives every job's span and
 its tasks' metrics: deserialization on the executor, run time (wall) and CPU time, the
-scheduler's delay (launch to start, and finish to the driver's knowing), GC.
+scheduler's delay (launch to start, and finish to the driver's knowing), and from the
+job's submission to its first task's launch and from its last task's end to its completion.
 
 Printed per configuration: each small epoch's time and phases, then for the last
-``--shown`` epochs each job's span and its task's metrics, and the medians over those jobs.
+``--shown`` epochs each job's span and its task's metrics, and the medians over those jobs;
+and the median time of a trivial job (one row, one task) in the same session: the floor
+Spark puts under any job in that configuration.
 
     python benchmarks/cluster_tasks.py [--epochs 12] [--shown 6]
+
+``EXTRA_CONF`` (a JSON object of Spark settings) adds settings to both sessions, to test a
+hypothesis, e.g. ``EXTRA_CONF='{"spark.sql.codegen.wholeStage": "false"}'``.
 """
 
 from __future__ import annotations
@@ -33,7 +39,10 @@ from common import ROOT, machine_facts, median, report
 
 sys.path.insert(0, os.path.join(ROOT, "tests", "cluster"))
 
-METRICS = ("job_ms", "task_ms", "deserialize_ms", "run_ms", "cpu_ms", "scheduler_delay_ms")
+METRICS = ("job_ms", "stages", "tasks", "to_launch_ms", "after_tasks_ms", "task_ms", "deserialize_ms", "run_ms", "cpu_ms",
+           "scheduler_delay_ms")
+#: Runs of the trivial job whose median is the Spark floor a job costs in each configuration.
+TRIVIAL_RUNS = 40
 
 
 def _instant(text: str) -> float:
@@ -59,7 +68,12 @@ def job_metrics(spark, jobs: int) -> list[dict]:
                  for t in get(f"stages/{stage}/{attempt['attemptId']}/taskList?length=100")]
         if tasks:
             metrics = [t.get("taskMetrics", {}) for t in tasks]
-            entry.update({"tasks": len(tasks), "task_ms": sum(t.get("duration", 0) for t in tasks),
+            launches = [_instant(t["launchTime"]) for t in tasks]
+            ends = [start + t.get("duration", 0) / 1000 for start, t in zip(launches, tasks)]
+            entry.update({"stages": len(job["stageIds"]), "tasks": len(tasks),
+                          "to_launch_ms": round(1000 * (min(launches) - _instant(job["submissionTime"]))),
+                          "after_tasks_ms": round(1000 * (_instant(job["completionTime"]) - max(ends))),
+                          "task_ms": sum(t.get("duration", 0) for t in tasks),
                           "deserialize_ms": sum(m.get("executorDeserializeTime", 0) for m in metrics),
                           "run_ms": sum(m.get("executorRunTime", 0) for m in metrics),
                           "cpu_ms": round(sum(m.get("executorCpuTime", 0) for m in metrics) / 1e6),
@@ -77,7 +91,7 @@ def child(mode: str, epochs: int, shown: int, settings: dict) -> dict:
     from factflow import Engine, create_session
     from factflow.io.ldbc import load_ldbc
 
-    ui = {"spark.ui.enabled": "true"}
+    ui = {"spark.ui.enabled": "true", **json.loads(os.environ.get("EXTRA_CONF", "{}"))}
     if mode == "local":
         spark = create_session(app_name="factflow-bench-tasks-local", conf=ui)
     else:
@@ -105,6 +119,13 @@ def child(mode: str, epochs: int, shown: int, settings: dict) -> dict:
                               **{k: round(v, 3) for k, v in r.phases.items()}} for r in last]
         figures["epoch_median_s"] = median([r.seconds for r in last])
         figures["jobs"] = job_metrics(spark, sum(len(r.jobs) for r in last))
+        trivial = spark.range(0, 1, 1, 1)
+        times = []
+        for _ in range(TRIVIAL_RUNS):
+            start = time.perf_counter()
+            trivial.collect()
+            times.append(time.perf_counter() - start)
+        figures["trivial_job_ms"] = round(1000 * median(times[TRIVIAL_RUNS // 4:]), 1)
     spark.stop()
     return figures
 
@@ -136,7 +157,8 @@ def main() -> None:
             if line is None:
                 raise SystemExit(f"{mode} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
             results[mode] = found = json.loads(line[len("RESULT "):])
-            print(f"\n{mode}: small epochs {[e['s'] for e in found['epochs']]}, median {found['epoch_median_s']:.3f} s")
+            print(f"\n{mode}: small epochs {[e['s'] for e in found['epochs']]}, median {found['epoch_median_s']:.3f} s; "
+                  f"a trivial job (one row, one task, no Python) {found['trivial_job_ms']} ms")
             for job in found["jobs"]:
                 print(f"  {job['job']:<40} " + " ".join(f"{k} {job.get(k, '-')}" for k in METRICS))
             kinds = {"changes": [j for j in found["jobs"] if "effective changes" in j["job"]],

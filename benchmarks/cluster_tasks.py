@@ -7,8 +7,8 @@ standalone cluster of the cluster tests (``tests/cluster/standalone.py``: each w
 its own mount namespace with its own loopback address), state in a local directory and in
 a directory both workers see. Each in a process of its own with the Spark UI on (the
 only difference from a default session), so that its REST API gives every job's span and
-its tasks' metrics: deserialization on the executor, run time (wall) and CPU time, the
-scheduler's delay (launch to start, and finish to the driver's knowing), and from the
+its tasks' metrics: deserialization on the executor, run time (wall), CPU and GC time, the
+size of the results, the scheduler's delay (launch to start, and finish to the driver's knowing), and from the
 job's submission to its first task's launch and from its last task's end to its completion.
 
 Printed per configuration: each small epoch's time and phases, then for the last
@@ -40,7 +40,7 @@ from common import ROOT, machine_facts, median, report
 sys.path.insert(0, os.path.join(ROOT, "tests", "cluster"))
 
 METRICS = ("job_ms", "stages", "tasks", "to_launch_ms", "after_tasks_ms", "task_ms", "deserialize_ms", "run_ms", "cpu_ms",
-           "scheduler_delay_ms")
+           "gc_ms", "result_bytes", "scheduler_delay_ms")
 #: Runs of the trivial job whose median is the Spark floor a job costs in each configuration.
 TRIVIAL_RUNS = 40
 
@@ -77,6 +77,8 @@ def job_metrics(spark, jobs: int) -> list[dict]:
                           "deserialize_ms": sum(m.get("executorDeserializeTime", 0) for m in metrics),
                           "run_ms": sum(m.get("executorRunTime", 0) for m in metrics),
                           "cpu_ms": round(sum(m.get("executorCpuTime", 0) for m in metrics) / 1e6),
+                          "gc_ms": sum(m.get("jvmGcTime", 0) for m in metrics),
+                          "result_bytes": sum(m.get("resultSize", 0) for m in metrics),
                           "scheduler_delay_ms": sum(t.get("schedulerDelay", 0) for t in tasks)})
         found.append(entry)
         if len(found) == jobs:

@@ -8,8 +8,9 @@ its own mount namespace with its own loopback address), state in a local directo
 a directory both workers see. Each in a process of its own with the Spark UI on (the
 only difference from a default session), so that its REST API gives every job's span and
 its tasks' metrics: deserialization on the executor, run time (wall), CPU and GC time, the
-size of the results, the scheduler's delay (launch to start, and finish to the driver's knowing), and from the
-job's submission to its first task's launch and from its last task's end to its completion.
+size of the results, the scheduler's delay (launch to start, and finish to the driver's
+knowing), and from the job's submission to its first task's launch and from its last
+task's end to its completion.
 
 Printed per configuration: each small epoch's time and phases, then for the last
 ``--shown`` epochs each job's span and its task's metrics, and the medians over those jobs;

@@ -155,9 +155,10 @@ def _compute(state: EngineState, prepared: transaction.PreparedTransaction, epoc
     """The epoch's effective changes appended and its queries evaluated: the changed rows
     per attribute, the feeds' changes, the affected queries, their outputs, the traces
     kept in Spark and whether the changes were guessed (and right). With ``guess``, the
-    changes of a small transaction may be guessed and checked in the queries' job (:mod:`factflow.engine.speculation`); a wrong guess raises
-    :class:`Misspeculated` (the caller rolls back and computes again without one), and so
-    does any failure of a guessed epoch."""
+    changes of a small transaction may be guessed and checked in the queries' job
+    (:mod:`factflow.engine.speculation`); a wrong guess raises :class:`Misspeculated` (the
+    caller rolls back and computes again without one), and so does any failure of a
+    guessed epoch."""
     mark = time.perf_counter()
     cx = EpochContext(epoch, state.spark, small=prepared.small)
     with binding(binder):

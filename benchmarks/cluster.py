@@ -13,16 +13,20 @@ times, on one machine in one run:
 - ``s3``: the same cluster with state in an S3 bucket (moto's server on 127.0.0.1).
 
 Each configuration loads the data into a durable engine, installs the five queries, times
-the install of a sixth query on the loaded state, then runs ``--epochs`` epochs of each
-size. Reported per configuration and size: the median and max epoch time (the first two
+the install of a sixth query on the loaded state, runs ``--warmup`` epochs of one change
+(not measured), then ``--epochs`` epochs of each size. The warm-up is what "a warm cache"
+means here: besides the file caches, an executor's JVM compiles the code of the tasks it
+runs only after it has run them a while, and each executor runs a small epoch's one task
+every other epoch (``benchmarks/cluster_tasks.py``: after 10 epochs a cluster's small
+epoch took 1.8-1.9x local mode's, after 45-64 epochs 1.4-1.5x). Reported per configuration and size: the median and max epoch time (the first two
 epochs of each size left out: they plan new statement shapes), Spark jobs per epoch, the
 share of statements run from kept plans, and the time per phase of the last small epoch;
 and per round the ratio of each cluster configuration's median to local mode's, whose
 median over rounds is the figure quoted (target: a small epoch on the cluster within 1.5x
 of local mode, with a warm cache). The cluster's executors: one core and 2 GiB each.
 
-    python benchmarks/cluster.py [--rounds 2] [--epochs 8]
-    python benchmarks/cluster.py --quick        # one round of 3 epochs per size
+    python benchmarks/cluster.py [--rounds 2] [--epochs 8] [--warmup 40]
+    python benchmarks/cluster.py --quick        # one round of 3 epochs per size, 10 to warm up
 """
 
 from __future__ import annotations
@@ -45,8 +49,8 @@ SIZES = (1, 100, 10_000)
 EXTRA = "[:find ?p ?n :where [?p :person/lastName ?n] [?p :person/gender \"male\"] [?p :person/browserUsed \"Opera\"]]"
 
 
-def child(mode: str, epochs: int, settings: dict) -> dict:
-    """One configuration, in this process: load, install, time the epochs."""
+def child(mode: str, epochs: int, warmup: int, settings: dict) -> dict:
+    """One configuration, in this process: load, install, warm up, time the epochs."""
     from epoch_latency import FIVE, RULES, persons_of, transaction
 
     from factflow import Engine, create_session
@@ -75,6 +79,10 @@ def child(mode: str, epochs: int, settings: dict) -> dict:
         persons = persons_of(db)
         rng = random.Random(7)
         next_id = [10**15]
+        began = time.perf_counter()
+        for _ in range(warmup):
+            db.transact(transaction(rng, 1, persons, next_id))
+        figures["warmup_s"] = round(time.perf_counter() - began, 3)
         for size in SIZES:
             times, jobs, reused = [], [], []
             for _ in range(epochs):
@@ -118,13 +126,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=None, help="turns of the three configurations (default 2)")
     parser.add_argument("--epochs", type=int, default=None, help="epochs per size (default 8)")
-    parser.add_argument("--quick", action="store_true", help="one round of 3 epochs per size")
+    parser.add_argument("--warmup", type=int, default=None, help="unmeasured epochs of one change first (default 40)")
+    parser.add_argument("--quick", action="store_true", help="one round of 3 epochs per size, 10 to warm up")
     parser.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
     parser.add_argument("--settings", help=argparse.SUPPRESS)
     args = parser.parse_args()
     epochs = args.epochs or (3 if args.quick else 8)
+    warmup = args.warmup if args.warmup is not None else (10 if args.quick else 40)
     if args.child:
-        print("RESULT " + json.dumps(child(args.child, epochs, json.loads(args.settings))), flush=True)
+        print("RESULT " + json.dumps(child(args.child, epochs, warmup, json.loads(args.settings))), flush=True)
         return
     rounds = args.rounds or (1 if args.quick else 2)
 
@@ -143,7 +153,7 @@ def main() -> None:
                 env = dict(os.environ, **(s3.env() if mode == "s3" else {}))
                 print(f"round {round_ + 1}, {mode} ...", flush=True)
                 done = subprocess.run([sys.executable, __file__, "--child", mode, "--epochs", str(epochs),
-                                       "--settings", json.dumps(settings)], env=env, capture_output=True, text=True)
+                                       "--warmup", str(warmup), "--settings", json.dumps(settings)], env=env, capture_output=True, text=True)
                 line = next((l for l in done.stdout.splitlines() if l.startswith("RESULT ")), None)
                 if line is None:
                     raise SystemExit(f"{mode} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
@@ -152,11 +162,12 @@ def main() -> None:
                 print(f"  load {found['load_s']} s, install {found['install_s']} s, " + ", ".join(
                     f"{size}: {found[str(size)]['median_s']} s ({found[str(size)]['jobs_median']} jobs)"
                     for size in SIZES), flush=True)
-    figures: dict = {"rounds": rounds, "epochs_per_size": epochs, "queries": 5}
+    figures: dict = {"rounds": rounds, "epochs_per_size": epochs, "warmup_epochs": warmup, "queries": 5}
     for mode in MODES:
         runs = results[mode]
         figures[mode] = {
             "load_s": median([r["load_s"] for r in runs]), "install_s": median([r["install_s"] for r in runs]),
+            "warmup_s": median([r["warmup_s"] for r in runs]),
             **{f"epoch_{size}_median_s": median([r[str(size)]["median_s"] for r in runs]) for size in SIZES},
             **{f"epoch_{size}_max_s": max(r[str(size)]["max_s"] for r in runs) for size in SIZES},
             **{f"epoch_{size}_jobs": median([r[str(size)]["jobs_median"] for r in runs]) for size in SIZES},

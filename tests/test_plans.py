@@ -142,6 +142,26 @@ def test_count_sum_and_avg_are_accumulated_with_hidden_columns_that_rules_projec
     assert [o["op"] for o in readers] == ["Project"]  # the rule's relation has its head's columns only
 
 
+@pytest.mark.parametrize("text, distinct", [
+    # accumulated, and ?p determines every variable: each derivation is a distinct tuple
+    ("[:find ?n (avg ?a) (count ?p) :with ?p :where [?p :age ?a] [(>= ?a 18)] [?p :name ?n]]", False),
+    ("[:find (sum ?b) :with ?p :where [?p :age ?a] [(* ?a 2) ?b]]", False),
+    # ?p dropped: two persons of one age are one tuple
+    ("[:find (sum ?a) :where [?p :age ?a]]", True),
+    # a set attribute's value is not determined by its entity
+    ("[:find (count ?c) :with ?p :where [?p :e ?c] [?p :age ?a]]", False),
+    ("[:find (count ?a) :with ?p :where [?p :e ?c] [?p :age ?a]]", True),
+    # max is recomputed over the touched groups' input, which the Distinct holds
+    ("[:find ?n (max ?a) :with ?p :where [?p :age ?a] [?p :name ?n]]", True),
+    # a rule relation is not known to be a set of unique derivations here
+    ("[:find (count ?p) :with ?p :where (adult ?p)]", True),
+])
+def test_an_aggregate_input_is_made_a_set_only_when_it_may_not_be_one(text, distinct, no_allocation):
+    operators = plan(text).to_data()["operators"]
+    (reduce,) = [o for o in operators if o["op"] == "Reduce"]
+    assert (operators[reduce["inputs"][0]]["op"] == "Distinct") is distinct
+
+
 @pytest.mark.parametrize("a, b", [
     (("[:find ?p :where [?p :age 30]]",), ("[:find ?p :where [?p :age 31]]",)),
     ((QUERIES[2][0], (30,)), (QUERIES[2][0], (31,))),

@@ -133,7 +133,7 @@ def _synthesize(query: Query, inputs: Sequence[Any], pc: PlanContext, join: str)
     columns = [scope.col(v) for v in output]
     projected = Project(root, columns)
     if aggregates:
-        return _aggregation(query, pc, scope, projected, find_vars, aggregates, strategy, join)
+        return _aggregation(query, pc, scope, projected, find_vars, aggregates, strategy, join, output)
     slot = pc.private_trace("result", projected.columns, tuple(columns), "result")
     needs_distinct = pc.semantics == "set" and not _unique_derivations(query, pc, output)
     result: Stateful = Distinct(projected, slot) if needs_distinct else Arranged(projected, slot)
@@ -143,14 +143,24 @@ def _synthesize(query: Query, inputs: Sequence[Any], pc: PlanContext, join: str)
 
 
 def _aggregation(query: Query, pc: PlanContext, scope: Scope, projected: Node, find_vars: list[Var],
-                 aggregates: list[Aggregate], strategy: str, join: str) -> Plan:
-    """Group the set of find (and :with) tuples by the plain find variables and aggregate."""
+                 aggregates: list[Aggregate], strategy: str, join: str, output: list[Var]) -> Plan:
+    """Group the set of find (and :with) tuples by the plain find variables and aggregate.
+
+    The tuples are made a set by a Distinct (a private trace of derivation counts) unless
+    every derivation yields a distinct tuple (:func:`_unique_derivations`) and every
+    aggregate is accumulated: a Reduce that accumulates reads only its input's change, and
+    adds each tuple's contribution times its diff, so it needs neither the Distinct's
+    state nor a consolidated change. TPC-H's Q1 and Q6 (line items' attributes joined by
+    line item, ``:with ?l``) are such: the Distinct held a row per line item."""
     group = [scope.col(v) for v in find_vars]
     specs = []
     for a in aggregates:
         col = scope.col(a.var)
         specs.append(aggregate_spec(a.fn, a.params, col, projected.kind_of(col), pc.column(a.fn), show(a)))
-    tuples = pc.distinct(projected, "aggregate input")
+    if all(s.accumulated for s in specs) and _unique_derivations(query, pc, output):
+        tuples = projected
+    else:
+        tuples = pc.distinct(projected, "aggregate input")
     slot = pc.private_trace("result", reduce_columns(tuples, group, specs), tuple(group), "result")
     result = Reduce(tuples, group, specs, slot)
     by_agg = dict(zip(aggregates, specs))

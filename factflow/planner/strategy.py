@@ -32,15 +32,14 @@ negations and predicates do not count. The policy, first match wins:
    QueryError naming the attribute and its setting;
 6. ``auto`` with at most one binding: ``binary`` (nothing to join, so nothing is arranged);
 7. ``auto`` where every binding is a data pattern over a cardinality-one attribute (no
-   inputs, no negation): ``delta`` when every binding has one variable in common (a star
-   on one entity, such as a table's columns joined by row), else ``binary``. Each join
-   step keeps at most one value per entity, so intermediate results never outgrow the
-   inputs, and join-at-a-time plans are the cheapest on Spark (thesis figure 8b); but
-   each step arranges its intermediate result privately, and a star needs none of it: its
-   delta pipelines look every attribute up by the one entity in the shared indexes, and
-   an epoch that changes many of them reads each twice by the entities it touches (see
-   :mod:`factflow.dataflow.delta`). TPC-H's Q1 (seven line item attributes) installed
-   in 1.8-2.5 s with ``binary``'s five private arrangements, 0.7-0.9 s without;
+   inputs, no negation): ``delta`` when there are at least :data:`STAR_FROM` bindings
+   and all have one variable in common (a star on one entity, such as a table's columns
+   joined by row), else ``binary``. Each join step keeps at most one value per entity, so
+   intermediate results never outgrow the inputs, and join-at-a-time plans are the
+   cheapest on Spark (thesis figure 8b); but each step arranges its intermediate result
+   privately, and a star needs none of it: its delta pipelines look every attribute up by
+   the one entity in the shared indexes, and an epoch that changes many of them reads
+   each twice by the entities it touches (see :mod:`factflow.dataflow.delta`);
 8. ``auto`` where the bindings form a cyclic hypergraph over their variables (for example
    triangles): ``wco``, whose extensions stay within the worst-case output bound whatever
    the skew;
@@ -63,7 +62,19 @@ from typing import Collection, Sequence
 from factflow.errors import QueryError
 from factflow.model.schema import QUERY_SUPPORT, support_allows
 
-__all__ = ["STRATEGIES", "ConjunctionSummary", "Strategy", "choose", "is_acyclic", "requested_strategy"]
+__all__ = ["STAR_FROM", "STRATEGIES", "ConjunctionSummary", "Strategy", "choose", "is_acyclic", "requested_strategy"]
+
+
+#: The fewest bindings of a cardinality-one star that ``auto`` joins by delta pipelines.
+#: Join-at-a-time arranges ``n - 2`` intermediate results of ``n`` bindings privately:
+#: TPC-H's Q1 (seven line item attributes) installed in 1.7-1.9 s without its five
+#: arrangements against 3.7 s, and its epochs of one order took 0.76-0.86 s against
+#: 1.6-1.7 s (Q6, four attributes: 0.5-0.7 s against 1.0-1.2 s, 0.67-0.70 s against
+#: 0.80-0.86 s; ``benchmarks/tpch_updates.py``). Stars of two or three bindings save at
+#: most one arrangement and were as fast or slower by delta pipelines: LDBC's
+#: ``firstName``-and-``browserUsed`` query made the five queries' one-change epochs 20%
+#: slower (``benchmarks/epoch_latency.py``), TPC-H's Q4, Q18 and Q20 no faster.
+STAR_FROM = 4
 
 
 class Strategy(StrEnum):
@@ -159,7 +170,7 @@ def choose(summary: ConjunctionSummary) -> tuple[Strategy, str]:
     if single:
         return Strategy.BINARY, "auto: a single binding"
     if summary.cardinality_one and not summary.sources and not summary.negations:
-        if not frozenset.intersection(*summary.edges):
+        if len(summary.edges) < STAR_FROM or not frozenset.intersection(*summary.edges):
             return Strategy.BINARY, "auto: every binding is a cardinality-one attribute"
         strategy, reason = Strategy.DELTA, "auto: a star of cardinality-one attributes on one variable"
     elif not is_acyclic(summary.edges):

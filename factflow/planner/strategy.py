@@ -70,10 +70,11 @@ __all__ = ["STAR_FROM", "STRATEGIES", "ConjunctionSummary", "Strategy", "choose"
 #: TPC-H's Q1 (seven line item attributes) installed in 1.5-1.9 s without its five
 #: arrangements against 3.7 s, and its epochs of one order took 0.76-0.86 s against
 #: 1.6-1.7 s (Q6, four attributes: installs 0.44-0.66 s against 0.98-1.22 s, epochs
-#: 0.67-0.70 s against 0.80-0.86 s; ``benchmarks/tpch_updates.py``, docs/benchmarks.md). Stars of two or three bindings save at
-#: most one arrangement and were as fast or slower by delta pipelines: LDBC's
-#: ``firstName``-and-``browserUsed`` query made the five queries' one-change epochs 20%
-#: slower (``benchmarks/epoch_latency.py``), TPC-H's Q4, Q18 and Q20 no faster.
+#: 0.67-0.70 s against 0.80-0.86 s; ``benchmarks/tpch_updates.py``, docs/benchmarks.md).
+#: Stars of two or three bindings save at most one arrangement, and delta pipelines made
+#: them no faster: LDBC's two-binding star left the five queries' one-change epochs at
+#: 0.179-0.184 s against 0.169-0.181 s (``benchmarks/epoch_latency.py``), and TPC-H's
+#: Q4, Q18 and Q20 rules gained nothing, so they stay joined at a time.
 STAR_FROM = 4
 
 

@@ -364,8 +364,9 @@ def test_epochs_match_the_oracle_whether_joins_run_pipelines_or_take_differences
     assert taken and all(small == (local_limit > 0) for small in taken)
 
 
-#: stars: every binding has ?e (cardinality-one ones, which auto joins by delta pipelines;
-#: set and multiset ones; a negation by ?e), and one whose negation is not by ?e
+#: stars: every binding has ?e (two cardinality-one bindings, which auto joins at a time;
+#: four, which it joins by delta pipelines; set and multiset ones; a negation by ?e), and
+#: one whose negation is not by ?e
 STAR_CATALOG = [
     ("[:find ?e ?n ?s :where [?e :d/name ?n] [?e :d/score ?s]]", (), "set"),
     ("[:find ?n (sum ?s) (count ?e) :with ?e :where [?e :d/name ?n] [?e :d/score ?s] [?e :d/name ?m] "

@@ -18,7 +18,8 @@ the install of a sixth query on the loaded state, runs ``--warmup`` epochs of on
 means here: besides the file caches, an executor's JVM compiles the code of the tasks it
 runs only after it has run them a while, and each executor runs a small epoch's one task
 every other epoch (``benchmarks/cluster_tasks.py``: after 10 epochs a cluster's small
-epoch took 1.8-1.9x local mode's, after 45-64 epochs 1.4-1.5x). Reported per configuration and size: the median and max epoch time (the first two
+epoch took 1.8-1.9x local mode's, after 45-64 epochs 1.4-1.5x). Reported per
+configuration and size: the median and max epoch time (the first two
 epochs of each size left out: they plan new statement shapes), Spark jobs per epoch, the
 share of statements run from kept plans, and the time per phase of the last small epoch;
 and per round the ratio of each cluster configuration's median to local mode's, whose
@@ -153,7 +154,8 @@ def main() -> None:
                 env = dict(os.environ, **(s3.env() if mode == "s3" else {}))
                 print(f"round {round_ + 1}, {mode} ...", flush=True)
                 done = subprocess.run([sys.executable, __file__, "--child", mode, "--epochs", str(epochs),
-                                       "--warmup", str(warmup), "--settings", json.dumps(settings)], env=env, capture_output=True, text=True)
+                                       "--warmup", str(warmup), "--settings", json.dumps(settings)],
+                                      env=env, capture_output=True, text=True)
                 line = next((l for l in done.stdout.splitlines() if l.startswith("RESULT ")), None)
                 if line is None:
                     raise SystemExit(f"{mode} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")

@@ -319,10 +319,10 @@ class DeltaJoin(Node):
         name = ident(key[0])
         values = " UNION ALL ".join(f"SELECT {name} FROM {d}" for d in changes)
         touched = cx.define(f"SELECT DISTINCT {name}, CAST(1 AS BIGINT) AS {ident(DIFF)} FROM ({values})")
+        columns = [key] + [c for c in self.reader.source.columns if c[0] != key[0]]  # as join_into outputs them
         parts = []
         for version, sign in ((Version.NEW, ""), (Version.OLD, "-")):
             start = self.reader.source.join_into(cx, version, touched, [key], [key[0]])
-            columns = [key] + [c for c in self.reader.source.columns if c[0] != key[0]]
             read = self._run(cx, self.reader, start, lambda position, v=version: v, columns)
             parts.append(cx.define(zset.select(read, self.names, diff=f"{sign}{ident(DIFF)}")))
         return cx.define(zset.consolidate(f"({zset.union(parts, self.names)})", self.names))

@@ -101,7 +101,10 @@ def where(relation: str, condition: str) -> str:
 
 
 def empty(columns: Sequence[tuple[str, Kind]]) -> str:
-    """An empty Z-set with the given columns."""
+    """An empty Z-set with the given columns. Written as a filter that is always false,
+    which Spark's optimizer turns into an empty relation and propagates: joins with it,
+    grouped aggregates over it and union branches of it drop out of the plan (an install
+    reads every old state as empty; ``FROM range(0)`` kept a stage of tasks per read)."""
     outs = [f"CAST(NULL AS {sql_type(k)}) AS {ident(n)}" for n, k in columns]
     outs.append(f"CAST(0 AS BIGINT) AS {ident(DIFF)}")
-    return f"SELECT {', '.join(outs)} FROM range(0)"
+    return f"SELECT {', '.join(outs)} WHERE FALSE"

@@ -102,7 +102,7 @@ def values_sql(frame: pd.DataFrame, schema: T.StructType) -> str:
     types = [field.dataType.simpleString() for field in schema.fields]
     if table.num_rows == 0:
         nulls = [f"CAST(NULL AS {t}) AS {ident(f.name)}" for t, f in zip(types, schema.fields)]
-        return f"(SELECT {', '.join(nulls)} FROM range(0))"
+        return f"(SELECT {', '.join(nulls)} WHERE FALSE)"
     slots = [f"c{i}" for i in range(len(types))]
     casts = [f"CAST({c} AS {t}) AS {ident(f.name)}" for c, t, f in zip(slots, types, schema.fields)]
     cells = [_literals(column) for column in table.columns]

@@ -98,6 +98,52 @@ def test_a_selective_install_probes_from_its_constant(spark, probes):
         assert q.results() == {(3, 4): 1, (4, 5): 1}
 
 
+def test_an_install_joins_a_star_of_stored_attributes_partition_by_partition(spark, monkeypatch):
+    """A star of attribute patterns installed over states that are each one batch kept in
+    Spark, hash-partitioned by entity alike, joins them by sort-merge joins without a
+    shuffle, in one job (Spark would otherwise broadcast each attribute in a job of its own);
+    a star over a state of several batches is not marked so, and both stay exact."""
+    from factflow import Engine
+    from factflow.dataflow import delta
+    from factflow.engine.reports import spark_jobs
+
+    decided = []
+    original = delta.DeltaJoin._partitioned_alike
+
+    def spied(self, cx):
+        decided.append(original(self, cx))
+        return decided[-1]
+
+    monkeypatch.setattr(delta.DeltaJoin, "_partitioned_alike", spied)
+    people = {e: (f"n{e % 7}", e % 50, (e * 37 % 100) / 100) for e in range(1, 301)}
+    text = ("[:find ?e ?n ?a ?s :where [?e :p/name ?n] [?e :p/age ?a] [(>= ?a 18)] [?e :p/score ?s] "
+            "[(> ?s 0.25)]]")
+
+    def expected():
+        return {(e, n, a, s): 1 for e, (n, a, s) in people.items() if a >= 18 and s > 0.25}
+
+    with Engine(spark=spark, config=EngineConfig(local_limit=1)) as db:
+        for name, kind in ((":p/name", "string"), (":p/age", "long"), (":p/score", "double")):
+            db.create_attribute(name, type=kind)
+        db.transact([[":db/add", e, a, v] for e, row in people.items()
+                     for a, v in zip((":p/name", ":p/age", ":p/score"), row)])  # bulk: one stored batch each
+        db.wait_for_maintenance()
+        q = db.query(text, name="star", join="delta")
+        jobs = spark_jobs(spark, f"factflow-{db._id}-install-star")
+        computed = [j for j in jobs if (j.description or "").endswith("result (pending)")]
+        assert decided == [True]
+        assert len(computed) == 1, [(j.description, j.tasks) for j in jobs]  # no broadcast jobs
+        assert q.results() == expected()
+        people[301] = ("n0", 40, 0.9)
+        db.transact([[":db/add", 301, ":p/name", "n0"], [":db/add", 301, ":p/age", 40],
+                     [":db/add", 301, ":p/score", 0.9], [":db/retract", 20, ":p/age", 20]])
+        del people[20]
+        assert q.results() == expected()
+        again = db.query(text, name="again", join="delta")  # the states hold two batches now
+        assert decided[-1] is False
+        assert again.results() == expected()
+
+
 @pytest.mark.parametrize("pattern, constants", [("[{c} :e ?b] [?b :e ?c]", (1, 2, 3, 5)),
                                                 ("[?b :e {c}] [?c :e ?b]", (4, 5, 8, 4))],
                          ids=["entity-constant", "value-constant"])

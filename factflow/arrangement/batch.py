@@ -233,6 +233,21 @@ class Batch:
         """Whether the rows live on the driver (a LocalRelation) rather than in Spark's cache."""
         return self.local is not None
 
+    def hash_partitions(self, key: tuple[str, ...]) -> int | None:
+        """How many partitions a batch kept in Spark is hash-partitioned into by ``key``, as
+        Spark's plan of it says (None: partitioned otherwise, or held on the driver). Two
+        such batches with the same count are partitioned alike: a join of them on the key
+        needs no shuffle."""
+        if self.frame is None or self.is_local:
+            return None
+        partitioning = self.frame._jdf.queryExecution().executedPlan().outputPartitioning()
+        if partitioning.getClass().getSimpleName() != "HashPartitioning":
+            return None
+        expressions = partitioning.expressions()
+        names = tuple(expressions.apply(i).name() if expressions.apply(i).resolved() else ""
+                      for i in range(expressions.size()))
+        return partitioning.numPartitions() if names == key else None
+
     def arrow(self, layout: Layout) -> pa.Table:
         """The rows of a local batch as an Arrow table with ``layout``'s schema (cached)."""
         if self._arrow is None:

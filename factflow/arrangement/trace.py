@@ -156,6 +156,15 @@ class TraceHandle:
         """Whether some of the trace's batches are held in Spark rather than on the driver."""
         return any(not b.is_local for b in self._trace.batches)
 
+    def hash_partitions(self, as_of: int) -> int | None:
+        """When the trace as of ``as_of`` is one batch kept in Spark and hash-partitioned by
+        the trace's key (a load or a merge stores it so): its number of partitions, else None."""
+        self._check(as_of)
+        batches = [b for b in self._trace.batches if b.lower <= as_of]
+        if len(batches) != 1 or batches[0].upper - 1 > as_of:
+            return None
+        return batches[0].hash_partitions(self._trace.layout.index_key)
+
     def advance(self, frontier: int) -> None:
         """Promise never to read before ``frontier`` again, allowing compaction."""
         self._check()

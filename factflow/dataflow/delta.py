@@ -44,7 +44,7 @@ from factflow.arrangement.views import one_partition
 from factflow.dataflow import zset
 from factflow.dataflow.context import EpochContext, Version
 from factflow.dataflow.lookup import TRACE_DIFF, probe
-from factflow.dataflow.nodes import Columns, Node, Scan, Stateful, Static
+from factflow.dataflow.nodes import Columns, Filter, Node, Scan, Stateful, Static
 from factflow.dataflow.slots import HandleSlot
 from factflow.dataflow.zset import ident
 from factflow.model.types import Kind
@@ -335,16 +335,41 @@ class DeltaJoin(Node):
         if small:
             cx = cx.child(probes=True)
         start = self.reader.source.read(cx, version)
-        read = self._run(cx, self.reader, start, lambda position: version)
+        merged = not small and version is Version.NEW and self._partitioned_alike(cx)
+        read = self._run(cx, self.reader, start, lambda position: version, merged=merged)
         return cx.define(one_partition(read)) if small else read
 
+    def _partitioned_alike(self, cx: EpochContext) -> bool:
+        """At an install, whether the reader is a star of attribute patterns looked up by
+        the entity of its start, each attribute's state one batch kept in Spark and
+        hash-partitioned by entity into as many partitions as the others': its lookups then
+        join partition by partition, with no shuffle and no broadcast. Spark would broadcast
+        every attribute under its threshold instead (a job each; TPC-H's Q1 six of 60,175 rows)."""
+        start = _entity_scan(self.reader.source)
+        if not cx.install or start is None:
+            return False
+        lookups = [s for s in self.reader.stages if not isinstance(s, Apply)]
+        scans = [start] + [_entity_scan(s.relation) if isinstance(s, Lookup) else None for s in lookups]
+        if len(scans) == 1 or any(scan is None or [scan.e_col] != s.on or scan.e_col != start.e_col
+                                  for scan, s in zip(scans[1:], lookups)):
+            return False
+        counts = {scan.handle.hash_partitions(cx.epoch) for scan in scans}
+        return len(counts) == 1 and None not in counts
+
     def _run(self, cx: EpochContext, pipeline: Pipeline, relation: str, version_of,
-             columns: list[tuple[str, Kind]] | None = None) -> str:
+             columns: list[tuple[str, Kind]] | None = None, merged: bool = False) -> str:
         """``pipeline``'s stages run from ``relation`` (columns ``columns``, default its
-        source's), each binding read as of ``version_of(its position)``."""
+        source's), each binding read as of ``version_of(its position)``; ``merged``: every
+        lookup is a sort-merge join (see :meth:`_partitioned_alike`)."""
         columns = list(pipeline.source.columns) if columns is None else list(columns)
         for stage in pipeline.stages:
-            if isinstance(stage, Lookup):
+            if isinstance(stage, Lookup) and merged:
+                read = stage.relation.read(cx, version_of(stage.position))
+                relation = cx.define(zset.join(relation, [n for n, _ in columns], read, stage.relation.names,
+                                               stage.on, hint="MERGE"))
+                bound = {n for n, _ in columns}
+                columns += [c for c in stage.relation.columns if c[0] not in bound]
+            elif isinstance(stage, Lookup):
                 relation = stage.relation.join_into(cx, version_of(stage.position), relation, columns, stage.on)
                 bound = {n for n, _ in columns}
                 columns += [c for c in stage.relation.columns if c[0] not in bound]
@@ -406,6 +431,17 @@ class DeltaJoin(Node):
             for stage in p.stages:
                 lines.append("  " + _describe_stage(stage))
         return lines
+
+
+def _entity_scan(node: Node) -> Scan | None:
+    """The attribute pattern ``[?e :a ?v]`` read by entity (no constants) that ``node`` is,
+    or filters: rows of its state, partitioned as that state is (None for anything else)."""
+    while isinstance(node, Filter):
+        node = node.child
+    if (isinstance(node, Scan) and node.slot.key == ("e",) and node.e_col is not None
+            and node.e_const is None and node.v_const is None and node.e_col != node.v_col):
+        return node
+    return None
 
 
 def _describe_stage(stage: Stage) -> str:

@@ -56,16 +56,18 @@ def select(relation: str, names: Sequence[str], diff: str = DIFF) -> str:
 
 
 def join(left: str, left_names: Sequence[str], right: str, right_names: Sequence[str],
-         on: Sequence[str]) -> str:
+         on: Sequence[str], hint: str | None = None) -> str:
     """Natural join on ``on`` multiplying diffs; output columns: left's, then right's others.
 
-    With no shared columns the result is the cartesian product.
+    With no shared columns the result is the cartesian product. ``hint``: a Spark join
+    strategy hint for the right side (``MERGE``, ``BROADCAST``, ...).
     """
     outs = _cols(left_names, "l") + _cols([n for n in right_names if n not in on], "r")
     outs.append(f"l.{ident(DIFF)} * r.{ident(DIFF)} AS {ident(DIFF)}")
     condition = " AND ".join(f"l.{ident(c)} = r.{ident(c)}" for c in on)
     kind = f"JOIN {right} r ON {condition}" if on else f"CROSS JOIN {right} r"
-    return f"SELECT {', '.join(outs)} FROM {left} l {kind}"
+    hinted = f"/*+ {hint}(r) */ " if hint else ""
+    return f"SELECT {hinted}{', '.join(outs)} FROM {left} l {kind}"
 
 
 def semijoin(relation: str, keys: str, on: Sequence[str], anti: bool = False) -> str:

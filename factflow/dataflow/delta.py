@@ -363,14 +363,13 @@ class DeltaJoin(Node):
         lookup is a sort-merge join (see :meth:`_partitioned_alike`)."""
         columns = list(pipeline.source.columns) if columns is None else list(columns)
         for stage in pipeline.stages:
-            if isinstance(stage, Lookup) and merged:
-                read = stage.relation.read(cx, version_of(stage.position))
-                relation = cx.define(zset.join(relation, [n for n, _ in columns], read, stage.relation.names,
-                                               stage.on, hint="MERGE"))
-                bound = {n for n, _ in columns}
-                columns += [c for c in stage.relation.columns if c[0] not in bound]
-            elif isinstance(stage, Lookup):
-                relation = stage.relation.join_into(cx, version_of(stage.position), relation, columns, stage.on)
+            if isinstance(stage, Lookup):
+                version = version_of(stage.position)
+                if merged:
+                    relation = cx.define(zset.join(relation, [n for n, _ in columns], stage.relation.read(cx, version),
+                                                   stage.relation.names, stage.on, hint="MERGE"))
+                else:
+                    relation = stage.relation.join_into(cx, version, relation, columns, stage.on)
                 bound = {n for n, _ in columns}
                 columns += [c for c in stage.relation.columns if c[0] not in bound]
             elif isinstance(stage, Extend):

@@ -243,9 +243,8 @@ class Batch:
         partitioning = self.frame._jdf.queryExecution().executedPlan().outputPartitioning()
         if partitioning.getClass().getSimpleName() != "HashPartitioning":
             return None
-        expressions = partitioning.expressions()
-        names = tuple(expressions.apply(i).name() if expressions.apply(i).resolved() else ""
-                      for i in range(expressions.size()))
+        expressions = [partitioning.expressions().apply(i) for i in range(partitioning.expressions().size())]
+        names = tuple(e.name() if e.getClass().getSimpleName() == "AttributeReference" else None for e in expressions)
         return partitioning.numPartitions() if names == key else None
 
     def arrow(self, layout: Layout) -> pa.Table:

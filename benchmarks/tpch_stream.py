@@ -23,7 +23,8 @@ Measured: each install's latency, each epoch's update latency (wall time of ``lo
 and memory after every install and epoch: the bytes of ``Engine.holdings()`` (driver, Spark
 memory and disk, index files; ``memory_bytes``) and, for reference, the JVM's used heap (one
 JVM for both configurations, so it is not split between them). Plots like the paper's 3a-3c
-(CCDFs of install and update latency, memory timeline) go to ``docs/tpch_stream.png``.
+(CCDFs of install and update latency, memory timeline) go to ``docs/tpch_stream.png`` (at a
+scale factor other than 0.01, ``docs/tpch_stream-sf<scale>.png``).
 
 After the stream the shared engine installs every query not installed at the end, and
 every query's rows are compared with DuckDB's answer over the same rows (``difference``);
@@ -496,7 +497,7 @@ def main() -> None:
     updates = 2 if args.updates is None else args.updates
     numbers = ([int(n) for n in args.queries.split(",")] if args.queries
                else list(QUICK_QUERIES) if args.quick else sorted(QUERIES))
-    name = "tpch_stream" + ("-quick" if args.quick else "")
+    name = "tpch_stream" + ("-quick" if args.quick else "" if scale == 0.01 else f"-sf{scale:g}")
 
     paths = generate(scale, os.path.join(DATA, f"sf{scale:g}"))
     spark = engine_session()
@@ -538,7 +539,7 @@ def main() -> None:
             unshared.close()
     loading = {} if args.skip_load else load_throughput(spark, tables)
 
-    picture = (os.path.join(RESULTS, f"{name}.png") if args.quick else os.path.join(ROOT, "docs", "tpch_stream.png"))
+    picture = os.path.join(RESULTS if args.quick else os.path.join(ROOT, "docs"), f"{name}.png")
     os.makedirs(os.path.dirname(picture), exist_ok=True)
     plot(list(runs.values()), picture, f"TPC-H SF {scale:g}, {batches} batches per table, {len(numbers)} queries "
                                        f"arriving and retiring (seed {args.seed}), {os.cpu_count()} cores")

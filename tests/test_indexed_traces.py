@@ -26,6 +26,7 @@ PROBED = [q for q in CATALOG + JOIN_CATALOG if any(s in q[0] for s in (
     "(mutual ?a ?b)",
     "(not [?b :d/friend ?a])",
     "[?e :d/tag ?t] [?e :d/score ?s]",
+    "[?a :d/age 2] [?b :d/flag true]",     # constants tested on the probed rows
 ))]
 
 
@@ -71,6 +72,30 @@ def test_probed_state_matches_the_oracle(spark, join, probes, probing_plans_kept
         assert any(probing_plans_kept), "no statement reading a probe ran from a kept plan"
     if join == "delta":
         assert any(len(chain) > 1 for chain in probes), "no lookup continued the probe chain before it"
+
+
+def test_a_small_epoch_probes_a_pattern_with_a_constant_value_by_its_entity(spark):
+    """A lookup by entity into a pattern whose value is a constant probes the attribute's
+    index and tests the constant on the rows it finds, instead of reading every row of
+    the attribute in every small epoch."""
+    from factflow import Engine
+
+    n = 2_000
+    with Engine(spark=spark, config=EngineConfig(local_limit=100)) as db:
+        db.create_attribute(":p/name", type="string", semantics="one")
+        db.create_attribute(":p/tag", type="string", semantics="one")
+        db.create_attribute(":p/age", type="long", semantics="one")
+        db.transact([[":db/add", e, ":p/name", f"n{e}"] for e in range(n)]
+                    + [[":db/add", e, ":p/tag", f"t{e % 7}"] for e in range(n)]
+                    + [[":db/add", e, ":p/age", e % 50] for e in range(n)])
+        db.wait_for_maintenance()
+        q = db.query('[:find ?e ?n ?a :where [?e :p/name ?n] [?e :p/tag "t3"] [?e :p/age ?a]]', join="delta")
+        db.transact([[":db/add", 3, ":p/name", "Three"], [":db/add", 10, ":p/name", "Ten"],
+                     [":db/add", 4, ":p/tag", "t3"], [":db/retract", 17, ":p/age", 17]])
+        read = sum(j.rows_read for j in db.epoch_log[-1].jobs)
+        assert read < n, read  # every row of one attribute: n
+        assert q.results() == {(e, {3: "Three", 10: "Ten"}.get(e, f"n{e}"), e % 50): 1
+                               for e in range(n) if (e % 7 == 3 or e == 4) and e != 17}
 
 
 def test_a_selective_install_probes_from_its_constant(spark, probes):

@@ -179,16 +179,17 @@ class Scan(Node):
         return {"slot": self.slot.to_data(), "value_kind": self.value_kind.value, "e": self.e_col,
                 "e_const": plain(self.e_const), "v": self.v_col, "v_const": plain(self.v_const), "label": self.label}
 
+    def _constants(self) -> list[tuple[str, str]]:
+        """The pattern's constants: the index column each fixes (``e`` or ``v``) and its SQL literal."""
+        return [(side, literal(value, kind)) for side, value, kind in
+                (("e", self.e_const, Kind.LONG), ("v", self.v_const, self.value_kind)) if value is not None]
+
     def _shape(self, cx: EpochContext, relation: str, probed: str | None = None) -> str:
         """``relation``'s rows that match the pattern, as its columns; ``probed`` names the
         column a probe by the constant has matched already (not filtered again: the constant
         then appears nowhere in the statement's generated code, which Spark compiles once
         for a query whatever its constant)."""
-        conditions = []
-        if self.e_const is not None and probed != "e":
-            conditions.append(f"`e` = {literal(self.e_const, Kind.LONG)}")
-        if self.v_const is not None and probed != "v":
-            conditions.append(f"`v` = {literal(self.v_const, self.value_kind)}")
+        conditions = [f"`{side}` = {value}" for side, value in self._constants() if side != probed]
         if self.e_col is not None and self.e_col == self.v_col:
             conditions.append("`e` = `v`")
         outs = []
@@ -249,14 +250,13 @@ class Scan(Node):
         scans of a line item attribute, 10.8 million rows, for one order)."""
         if not (self.e_col is not None and self.e_col == self.v_col):
             source = {c: side for c, side in ((self.e_col, "e"), (self.v_col, "v")) if c is not None}
-            constants = [(side, literal(value, kind)) for side, value, kind in
-                         (("e", self.e_const, Kind.LONG), ("v", self.v_const, self.value_kind)) if value is not None]
+            constants = self._constants()
             values = [(source[c], c) for c in self.names if c not in on] + [(side, f"_c{side}") for side, _ in constants]
             product = probe_product(cx, self.handle, frame, frame_columns, [(c, source[c]) for c in on], values,
                                     _as_of(cx, version))
-            if product is not None and not constants:
-                return product
             if product is not None:
+                if not constants:
+                    return product
                 test = " AND ".join(f"`_c{side}` = {value}" for side, value in constants)
                 names = [n for n, _ in frame_columns] + [c for c in self.names if c not in on]
                 return cx.define(zset.select(f"({zset.where(product, test)})", names))

@@ -148,6 +148,7 @@ JOIN_CATALOG = [
     ("[:find ?a ?b ?c :where [?a :d/friend ?b] [?b :d/friend ?c] [?a :d/friend ?c]]", (), "multiset"),
     ("[:find ?a ?b :where [?a :d/friend ?b] [?b :d/friend ?a] [?a :d/age 2] [?b :d/flag true]]", (), "set"),
     ("[:find ?a ?b ?c :where (mutual ?a ?b) [?b :d/friend ?c] [?a :d/friend ?c]]", (), "set"),
+    ("[:find ?x ?y ?z :where (mutual ?x ?y) [?y :d/friend ?z] [?x :d/friend ?z] (not (mutual ?y ?z))]", (), "set"),
     ("[:find ?a ?b ?c :where [?a :d/friend ?b] [?b :d/friend ?c] [?a :d/friend ?c] (not [?c :d/flag true])]",
      (), "set"),
     ("[:find ?a ?b ?c :in $ [?a ...] :where [?a :d/friend ?b] [?b :d/friend ?c] [?c :d/friend ?a]]",

@@ -324,6 +324,27 @@ class _Linear(Node):
     def _read(self, cx, version):
         return cx.define(self.apply(self.child.read(cx, version)))
 
+    def _join_through(self, cx: EpochContext, version: Version, frame: str, frame_columns: Columns,
+                      on: Sequence[str], sources: dict[str, str]) -> str:
+        """:meth:`join_into` for an operator whose every column is one of the input's
+        (``sources``: each of its columns' name in the input): the frame, its keys renamed,
+        joins the input, which probes by key where it can (a rule's result read through the
+        renaming that binds it to a query's variables, for one), and the input's columns are
+        renamed back. Joins the whole collection when the frame's other columns share a name
+        with the input's."""
+        keys = {sources[k]: k for k in on}
+        frame_names = [n for n, _ in frame_columns]
+        others = [n for n in frame_names if n not in on]
+        if set(others) & set(self.child.names):
+            return super().join_into(cx, version, frame, frame_columns, on)
+        renamed = [(sources.get(n, n) if n in on else n, kind) for n, kind in frame_columns]
+        outs = [f"{ident(n)} AS {ident(r)}" for n, (r, _) in zip(frame_names, renamed)] + [ident(DIFF)]
+        keyed = cx.define(f"SELECT {', '.join(outs)} FROM {frame}")
+        joined = self.child.join_into(cx, version, keyed, tuple(renamed), list(keys))
+        back = [f"{ident(sources[n])} AS {ident(n)}" if n in on else ident(n) for n in frame_names]
+        mine = [f"{ident(sources[n])} AS {ident(n)}" for n in self.names if n not in on]
+        return cx.define(f"SELECT {', '.join(back + mine + [ident(DIFF)])} FROM {joined}")
+
 
 class Filter(_Linear):
     """Keep tuples satisfying a SQL condition over the input's columns."""
@@ -396,6 +417,10 @@ class Project(_Linear):
     def apply(self, relation):
         return zset.select(relation, self.names)
 
+    def join_into(self, cx, version, frame, frame_columns, on):
+        """Join with the input, which probes by key where it can, then project."""
+        return self._join_through(cx, version, frame, frame_columns, on, {n: n for n in self.names})
+
     def present_as_installed(self, cx: EpochContext) -> None:
         """Present what this projects (a shared aggregate rule's Reduce, whose hidden
         accumulators it drops) as installed; the projection follows from it."""
@@ -420,6 +445,11 @@ class Rename(_Linear):
     def apply(self, relation):
         outs = [f"{ident(old)} AS {ident(new)}" for old, new in self.mapping.items()] + [ident(DIFF)]
         return f"SELECT {', '.join(outs)} FROM {relation}"
+
+    def join_into(self, cx, version, frame, frame_columns, on):
+        """Join with the input under its own names, which probes by key where it can."""
+        return self._join_through(cx, version, frame, frame_columns, on,
+                                  {new: old for old, new in self.mapping.items()})
 
     def describe(self):
         return "Rename " + ", ".join(f"{a} -> {b}" for a, b in self.mapping.items())
@@ -722,14 +752,37 @@ class Distinct(Stateful):
         return self._present(cx, self.state(cx, version))
 
     def join_into(self, cx, version, frame, frame_columns, on):
-        """Join with the present set; probed by key when it has not changed in this epoch."""
-        unchanged = version is Version.OLD or self.state_delta(cx) is None
-        product = self.product_old(cx, frame, frame_columns, on, present=True) if unchanged else None
+        """Join with the present set, probed by key: as of NEW, the set as of OLD probed
+        and this epoch's change to the set joined."""
+        product = self.product_old(cx, frame, frame_columns, on, present=True)
         if product is not None:
-            return product
+            d = self.delta(cx) if version is Version.NEW else None
+            if d is None:
+                return product
+            names = [n for n, _ in frame_columns] + [n for n in self.names if n not in on]
+            changed = cx.define(zset.join(frame, [n for n, _ in frame_columns], d, self.names, on))
+            return cx.define(zset.union([product, changed], names))
         touched = zset.semijoin(self.state(cx, version), frame, on)
         present = self._present(cx, f"({touched})")
         return cx.define(zset.join(frame, [n for n, _ in frame_columns], present, self.names, on))
+
+    def without(self, cx, version, frame, frame_columns, on):
+        """As :meth:`Stateful.without`, probed by key as of NEW too: the set as of OLD
+        probed, this epoch's change to the set added per key (``on`` naming all its columns)."""
+        if version is Version.OLD or set(on) != set(self.names):
+            return super().without(cx, version, frame, frame_columns, on)
+        d = self.delta(cx)
+        if d is None:  # the set is as it was
+            return super().without(cx, Version.OLD, frame, frame_columns, on)
+        probed = self.probe_old(cx, frame, frame_columns, on, how="left", present=True)
+        if probed is None:
+            return super().without(cx, version, frame, frame_columns, on)
+        keys = ", ".join(ident(n) for n in on)
+        changes = f"SELECT {keys}, SUM({ident(DIFF)}) AS `_changed` FROM {d} GROUP BY {keys}"
+        match = " AND ".join(f"p.{ident(n)} = c.{ident(n)}" for n in on)
+        kept = ", ".join(f"p.{ident(n)}" for n, _ in frame_columns)
+        return cx.define(f"SELECT {kept}, p.{ident(DIFF)} FROM {probed} p LEFT JOIN ({changes}) c ON {match} "
+                         f"WHERE p.{ident(TRACE_DIFF)} + coalesce(c.`_changed`, 0) = 0")
 
     def _shown(self, cx: EpochContext, updates: str) -> str:
         return self._present(cx, updates)

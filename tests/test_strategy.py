@@ -16,7 +16,7 @@ from factflow.model.schema import Schema
 from factflow.planner.conjunction import Scope, _Conjunction
 from factflow.planner.context import PlanContext
 from factflow.planner.strategy import (
-    STRATEGIES, ConjunctionSummary, Strategy, choose, is_acyclic, requested_strategy,
+    STRATEGIES, ConjunctionSummary, Strategy, choose, closed_under, is_acyclic, requested_strategy,
 )
 
 AUTO, BINARY, DELTA, WCO = Strategy.AUTO, Strategy.BINARY, Strategy.DELTA, Strategy.WCO
@@ -84,6 +84,12 @@ CASES = [
     # 8. auto: cyclic
     ("auto, triangle", summary(AUTO, *TRIANGLE), WCO, "auto: cyclic join"),
     ("auto, 4-cycle", summary(AUTO, *FOUR_CYCLE), WCO, "auto: cyclic join"),
+    ("auto, triangle whose one variable determines the others", summary(AUTO, *TRIANGLE, determines=(("a", "b"), ("a", "c"))),
+     DELTA, "auto: cyclic join made acyclic by cardinality-one attributes"),
+    ("auto, 4-cycle with a dependency that closes no cycle", summary(AUTO, *FOUR_CYCLE, determines=(("a", "b"),)),
+     WCO, "auto: cyclic join"),
+    ("auto, 4-cycle closed by a chain of dependencies", summary(AUTO, *FOUR_CYCLE, determines=(("a", "b"), ("b", "c"))),
+     DELTA, "auto: cyclic join made acyclic by cardinality-one attributes"),
     # 9. auto: acyclic
     ("auto, path", summary(AUTO, *PATH), DELTA, "auto: acyclic join"),
     ("auto, star", summary(AUTO, *STAR), DELTA, "auto: acyclic join"),
@@ -109,6 +115,11 @@ ACYCLICITY = [
     ("4-cycle", FOUR_CYCLE, False),
     ("triangle with a tail", (*TRIANGLE, "c d"), False),
 ]
+
+
+def test_closed_under_takes_in_what_an_edge_determines_transitively():
+    assert closed_under([{"l", "s"}, {"o", "s"}, {"x"}], [("l", "o"), ("o", "c"), ("s", "n")]) == [
+        {"l", "s", "o", "c", "n"}, {"o", "s", "c", "n"}, {"x"}]
 
 
 @pytest.mark.parametrize("case, edges, acyclic", ACYCLICITY, ids=[c[0] for c in ACYCLICITY])
@@ -161,6 +172,8 @@ def shown(edges) -> str:
 TEXTS = [
     ("[:find ?a :where [?a :e ?b] [?b :e ?c] [?a :e ?c]]",
      "?a ?b | ?b ?c | ?a ?c", (WCO, "auto: cyclic join")),
+    ("[:find ?p :where [?p :age ?a] [?p :name ?n] (edge ?a ?n)]",
+     "?a ?p | ?n ?p | ?a ?n", (DELTA, "auto: cyclic join made acyclic by cardinality-one attributes")),
     ("[:find ?a :where [?a :e ?b] [?b :e ?c] [(< ?a ?c)]]",
      "?a ?b | ?b ?c", (DELTA, "auto: acyclic join")),
     ("[:find ?p :where [?p :name ?n] [?p :age ?a]]",

@@ -127,6 +127,9 @@ class _Conjunction:
                                 for c in self.relations),
             support=tuple((str(a.name), a.support) for a in (self.pc.attribute(c.a, show(c)) for c in self.relations
                                                               if isinstance(c, Pattern))),
+            determines=tuple((str(c.e), str(c.v)) for c in self.relations
+                             if isinstance(c, Pattern) and isinstance(c.e, Var) and isinstance(c.v, Var) and c.e != c.v
+                             and self.pc.attribute(c.a, show(c)).semantics == "one"),
             recursive=self.pc.transient,
             seeded_or=show(seeded_or) if seeded_or is not None else None,
             seeded_goal=show(seeded_goal) if seeded_goal is not None else None,

@@ -42,7 +42,14 @@ negations and predicates do not count. The policy, first match wins:
    each twice by the entities it touches (see :mod:`factflow.dataflow.delta`);
 8. ``auto`` where the bindings form a cyclic hypergraph over their variables (for example
    triangles): ``wco``, whose extensions stay within the worst-case output bound whatever
-   the skew;
+   the skew; unless the hypergraph is acyclic once every edge takes in the variables its
+   variables determine through cardinality-one attributes (:func:`closed_under`): then
+   ``delta``. TPC-H's Q21 closes a cycle of line item, order and supplier with a rule
+   relating orders to suppliers; a line item determines both. Its wco stages counted the
+   rule's proposals by order, which its trace (keyed by whole tuples) cannot be probed by,
+   so every one-order epoch read the rule's whole result over and over: 160-240 s, and
+   the driver's heap exhausted by the third, against 6.3 s as delta pipelines (a pipeline
+   that starts from the rule looks line items up by order, where wco would have counted);
 9. otherwise (``auto``, acyclic): ``delta``; each stage of an acyclic join has one
    extender, so counting would buy nothing.
 
@@ -62,7 +69,8 @@ from typing import Collection, Sequence
 from factflow.errors import QueryError
 from factflow.model.schema import QUERY_SUPPORT, support_allows
 
-__all__ = ["STAR_FROM", "STRATEGIES", "ConjunctionSummary", "Strategy", "choose", "is_acyclic", "requested_strategy"]
+__all__ = ["STAR_FROM", "STRATEGIES", "ConjunctionSummary", "Strategy", "choose", "closed_under", "is_acyclic",
+           "requested_strategy"]
 
 
 #: The fewest bindings of a cardinality-one star that ``auto`` joins by delta pipelines.
@@ -119,6 +127,9 @@ class ConjunctionSummary:
     """The number of input relations (``:in`` bindings, seeds of nested clause groups)."""
     support: tuple[tuple[str, str], ...] = ()
     """``(attribute, support)`` of each data pattern binding (see ``create_attribute(support=...)``)."""
+    determines: tuple[tuple[str, str], ...] = ()
+    """``(entity, value)`` variables of each data pattern over a cardinality-one attribute:
+    the entity's value determines the value's (a functional dependency)."""
 
 
 def is_acyclic(edges: Sequence[Collection[str]]) -> bool:
@@ -144,6 +155,26 @@ def is_acyclic(edges: Sequence[Collection[str]]) -> bool:
             kept.append(e)
         work = kept
     return not work
+
+
+def closed_under(edges: Sequence[Collection[str]], determines: Sequence[tuple[str, str]]) -> list[set[str]]:
+    """Each edge with every variable its variables determine, transitively (``determines``:
+    functional dependencies ``(from, to)``). A cycle that is acyclic once its edges are so
+    closed has a variable that settles the others: binding a line item binds its order and
+    its supplier, so a rule relating orders to suppliers only validates what the line item's
+    lookups found."""
+    closed = []
+    for edge in edges:
+        found = set(edge)
+        grown = True
+        while grown:
+            grown = False
+            for source, target in determines:
+                if source in found and target not in found:
+                    found.add(target)
+                    grown = True
+        closed.append(found)
+    return closed
 
 
 def choose(summary: ConjunctionSummary) -> tuple[Strategy, str]:
@@ -175,7 +206,10 @@ def choose(summary: ConjunctionSummary) -> tuple[Strategy, str]:
             return Strategy.BINARY, "auto: every binding is a cardinality-one attribute"
         strategy, reason = Strategy.DELTA, "auto: a star of cardinality-one attributes on one variable"
     elif not is_acyclic(summary.edges):
-        strategy, reason = Strategy.WCO, "auto: cyclic join"
+        if is_acyclic(closed_under(summary.edges, summary.determines)):
+            strategy, reason = Strategy.DELTA, "auto: cyclic join made acyclic by cardinality-one attributes"
+        else:
+            strategy, reason = Strategy.WCO, "auto: cyclic join"
     else:
         strategy, reason = Strategy.DELTA, "auto: acyclic join"
     weakest = max(summary.support, key=lambda item: QUERY_SUPPORT.index(item[1]), default=None)

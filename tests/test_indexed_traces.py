@@ -64,7 +64,8 @@ def probing_plans_kept(monkeypatch):
 @pytest.mark.parametrize("join", ["binary", "delta", "wco"])
 def test_probed_state_matches_the_oracle(spark, join, probes, probing_plans_kept):
     assert len(PROBED) >= 8 and len(RULE_PROBED) == 1
-    # (binary plans of that rule's query read probes in statements no later epoch keeps)
+    # (not with binary: with that query in the stream, no binary statement that reads a probe
+    # was run again from a kept plan; found, not yet understood, see docs/benchmarks.md)
     queries = PROBED + (RULE_PROBED if join != "binary" else [])
     run_stream(spark, 300, epochs=10, queries=queries, join=join, max_ops=1,
                config=EngineConfig(local_limit=1, guess_changes=join != "binary"))

@@ -47,7 +47,7 @@ negations and predicates do not count. The policy, first match wins:
    ``delta``. TPC-H's Q21 closes a cycle of line item, order and supplier with a rule
    relating orders to suppliers; a line item determines both. Its wco stages counted the
    rule's proposals by order, which its trace (keyed by whole tuples) cannot be probed by,
-   so every one-order epoch read the rule's whole result over and over: 160-240 s, and
+   so every one-order epoch read the rule's whole result over and over: 146-258 s, and
    the driver's heap exhausted by the third, against 6.3 s as delta pipelines (a pipeline
    that starts from the rule looks line items up by order, where wco would have counted);
 9. otherwise (``auto``, acyclic): ``delta``; each stage of an acyclic join has one

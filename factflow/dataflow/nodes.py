@@ -332,15 +332,13 @@ class _Linear(Node):
         renaming that binds it to a query's variables, for one), and the input's columns are
         renamed back. Joins the whole collection when the frame's other columns share a name
         with the input's."""
-        keys = {sources[k]: k for k in on}
         frame_names = [n for n, _ in frame_columns]
-        others = [n for n in frame_names if n not in on]
-        if set(others) & set(self.child.names):
+        if {n for n in frame_names if n not in on} & set(self.child.names):
             return super().join_into(cx, version, frame, frame_columns, on)
-        renamed = [(sources.get(n, n) if n in on else n, kind) for n, kind in frame_columns]
+        renamed = [(sources[n] if n in on else n, kind) for n, kind in frame_columns]
         outs = [f"{ident(n)} AS {ident(r)}" for n, (r, _) in zip(frame_names, renamed)] + [ident(DIFF)]
         keyed = cx.define(f"SELECT {', '.join(outs)} FROM {frame}")
-        joined = self.child.join_into(cx, version, keyed, tuple(renamed), list(keys))
+        joined = self.child.join_into(cx, version, keyed, tuple(renamed), [sources[k] for k in on])
         back = [f"{ident(sources[n])} AS {ident(n)}" if n in on else ident(n) for n in frame_names]
         mine = [f"{ident(sources[n])} AS {ident(n)}" for n in self.names if n not in on]
         return cx.define(f"SELECT {', '.join(back + mine + [ident(DIFF)])} FROM {joined}")
@@ -669,6 +667,18 @@ class Stateful(Node):
         return probe_product(cx, self.handle, frame, frame_columns, [(c, c) for c in on], values, cx.old_epoch,
                              present=present)
 
+    def probed_join(self, cx: EpochContext, frame: str, frame_columns: Columns, on: Sequence[str],
+                    change: str | None, present: bool = False) -> str | None:
+        """``frame`` joined with this collection by a probe of the trace as of the epoch
+        before, plus ``frame`` joined with ``change`` when given (this epoch's change to what
+        is joined, for a join as of NEW); None when a probe does not apply."""
+        product = self.product_old(cx, frame, frame_columns, on, present=present)
+        if product is None or change is None:
+            return product
+        names = [n for n, _ in frame_columns] + [n for n in self.names if n not in on]
+        changed = cx.define(zset.join(frame, [n for n, _ in frame_columns], change, self.names, on))
+        return cx.define(zset.union([product, changed], names))
+
     def without(self, cx: EpochContext, version: Version, frame: str, frame_columns: Columns,
                 on: Sequence[str]) -> str:
         """The rows of ``frame`` whose ``on`` columns are not in this collection as of
@@ -692,15 +702,9 @@ class Arranged(Stateful):
 
     def join_into(self, cx, version, frame, frame_columns, on):
         """Probe the old state by the frame's keys (plus, as of NEW, join this epoch's change)."""
-        product = self.product_old(cx, frame, frame_columns, on)
-        if product is None:
-            return super().join_into(cx, version, frame, frame_columns, on)
-        names = [n for n, _ in frame_columns] + [n for n in self.names if n not in on]
-        parts = [product]
-        d = self.state_delta(cx) if version is Version.NEW else None
-        if d is not None:
-            parts.append(cx.define(zset.join(frame, [n for n, _ in frame_columns], d, self.names, on)))
-        return parts[0] if len(parts) == 1 else cx.define(zset.union(parts, names))
+        change = self.state_delta(cx) if version is Version.NEW else None
+        joined = self.probed_join(cx, frame, frame_columns, on, change)
+        return super().join_into(cx, version, frame, frame_columns, on) if joined is None else joined
 
     def describe(self):
         return f"Arrange privately by {', '.join(self.slot.key) or '(all)'}"
@@ -754,14 +758,10 @@ class Distinct(Stateful):
     def join_into(self, cx, version, frame, frame_columns, on):
         """Join with the present set, probed by key: as of NEW, the set as of OLD probed
         and this epoch's change to the set joined."""
-        product = self.product_old(cx, frame, frame_columns, on, present=True)
-        if product is not None:
-            d = self.delta(cx) if version is Version.NEW else None
-            if d is None:
-                return product
-            names = [n for n, _ in frame_columns] + [n for n in self.names if n not in on]
-            changed = cx.define(zset.join(frame, [n for n, _ in frame_columns], d, self.names, on))
-            return cx.define(zset.union([product, changed], names))
+        change = self.delta(cx) if version is Version.NEW else None
+        joined = self.probed_join(cx, frame, frame_columns, on, change, present=True)
+        if joined is not None:
+            return joined
         touched = zset.semijoin(self.state(cx, version), frame, on)
         present = self._present(cx, f"({touched})")
         return cx.define(zset.join(frame, [n for n, _ in frame_columns], present, self.names, on))

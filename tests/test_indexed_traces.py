@@ -10,6 +10,7 @@ brute-force oracle after every epoch.
 from __future__ import annotations
 
 import time
+from collections import Counter
 
 import pytest
 
@@ -129,6 +130,41 @@ def test_a_small_epoch_probes_a_changed_rule_it_looks_up_and_negates(spark):
         nxt[9].add(7)
         hop = {(a, c) for a in nxt for b in nxt[a] for c in nxt[b]}
         assert q.results() == {(a, c): 1 for a, c in hop if c == (a + 2) % n and (c, a) not in hop}
+
+
+def test_a_small_epoch_probes_an_operators_state_held_on_the_driver(spark):
+    """An operator's own state held on the driver whole (under ``local_limit``) is probed by
+    key in a small epoch once it holds ``OPERATOR_PROBE_ROWS`` rows. The shape of TPC-H's
+    Q13: a count grouped in a rule's head over a join of 6,000 orders, whose aggregate input
+    (the set of body tuples) a one-order epoch read whole in every copy of its statement
+    (117,250 rows in its one job; the attributes held on the driver are still read whole)."""
+    from factflow import Engine
+    from factflow.arrangement.trace import OPERATOR_PROBE_ROWS
+
+    n, customers = 6_000, 400
+    customer = {o: 100_000 + o % customers for o in range(n)}
+    comment = {o: "rush" if o % 97 == 0 else "calm" for o in range(n)}
+    with Engine(spark=spark) as db:
+        db.create_attribute(":o/customer", type="ref", semantics="one")
+        db.create_attribute(":o/comment", type="string", semantics="one")
+        db.create_attribute(":c/name", type="string", semantics="one")
+        db.register("[[(orders-of ?c (count ?o)) [?o :o/customer ?c] [?c :c/name _] [?o :o/comment ?m]"
+                    ' (not [(like ?m "%rush%")])]]')
+        db.transact([[":db/add", o, ":o/customer", c] for o, c in customer.items()]
+                    + [[":db/add", o, ":o/comment", m] for o, m in comment.items()]
+                    + [[":db/add", 100_000 + c, ":c/name", f"c{c}"] for c in range(customers)])
+        q = db.query("[:find ?k (count ?c) :where (orders-of ?c ?k)]")
+        db.wait_for_maintenance()
+        assert n - n // 97 > OPERATOR_PROBE_ROWS  # the aggregate input's rows, all on the driver
+        for change in ([[":db/retract", 11, ":o/customer", customer.pop(11)]],
+                       [[":db/add", n, ":o/customer", 100_005], [":db/add", n, ":o/comment", "calm"]],
+                       [[":db/add", 12, ":o/comment", "a rush"]]):
+            db.transact(change)
+            read = max(j.rows_read for j in db.epoch_log[-1].jobs)
+            assert read < 3 * n, read
+        customer[n], comment[n], comment[12] = 100_005, "calm", "a rush"
+        counted = Counter(c for o, c in customer.items() if "rush" not in comment[o])
+        assert q.results() == {(k, m): 1 for k, m in Counter(counted.values()).items()}
 
 
 def test_a_selective_install_probes_from_its_constant(spark, probes):

@@ -46,7 +46,7 @@ from factflow.model.frames import consolidated
 from factflow.model.types import sql_type
 from factflow.storage.location import Location
 
-__all__ = ["MergePolicy", "StoredMerge", "Trace", "TraceHandle"]
+__all__ = ["OPERATOR_PROBE_ROWS", "MergePolicy", "StoredMerge", "Trace", "TraceHandle"]
 
 log = logging.getLogger(__name__)
 _TRACE_IDS = itertools.count(1)
@@ -105,8 +105,9 @@ class TraceHandle:
     def probe_sources(self, as_of: int) -> tuple[list[tuple[Location, str]], list[pa.Table]] | None:
         """What a probe as of ``as_of`` reads: the index files of stored batches (their
         directories and names) and the
-        Arrow rows of local ones; None when the trace holds no stored batch (a SQL join
-        over its local batches is then cheaper) or cannot be probed."""
+        Arrow rows of local ones; None when the trace cannot be probed, or holds no stored
+        batch and fewer rows than its ``probe_local_rows`` (a SQL join over its local
+        batches is then cheaper)."""
         self._check(as_of)
         return self._trace.probe_sources(as_of)
 
@@ -185,14 +186,29 @@ class TraceHandle:
                                 f"its frontier is {self.frontier}")
 
 
-class Trace:
-    """A multiversioned collection of updates ``(columns..., _t, _diff)``."""
+#: the rows from which an operator's own trace held on the driver whole is probed by key
+#: in small epochs (see :meth:`Trace.probe_sources`). A statement reads an operator's state
+#: in several versions and Spark copies each read wherever it is inlined: one order's epoch
+#: of TPC-H's Q13 read its rule body's 14,821 rows whole 30 times (3.6-4.1 s; probed, 1.4 s).
+#: Attributes' traces are not probed while on the driver: probing TPC-H's orders attributes
+#: (15,000 rows each) made Q3's and Q9's epochs about 2x slower, each lookup a Python probe
+#: where the JVM joined the bound rows in milliseconds; and probing every trace from 1,024
+#: rows made the LDBC workload's 100-change epochs 1.9x slower (docs/benchmarks.md).
+OPERATOR_PROBE_ROWS = 4_096
 
-    def __init__(self, spark: SparkSession, name: str, layout: Layout, policy: MergePolicy, upper: int):
+
+class Trace:
+    """A multiversioned collection of updates ``(columns..., _t, _diff)``. ``probe_local_rows``:
+    from how many rows the trace is probed by key while held on the driver whole (None:
+    only once it holds a stored batch; see :meth:`probe_sources`)."""
+
+    def __init__(self, spark: SparkSession, name: str, layout: Layout, policy: MergePolicy, upper: int,
+                 probe_local_rows: int | None = None):
         self.spark = spark
         self.name = name
         self.layout = layout
         self.policy = policy
+        self.probe_local_rows = probe_local_rows
         self.upper = upper
         self.since = upper - 1  # a new trace holds nothing, so every time from now on is readable
         self.batches: list[Batch] = []
@@ -246,7 +262,10 @@ class Trace:
         """See :meth:`TraceHandle.probe_sources`; writes the index of any stored batch
         that has none yet (a Spark job each, normally done by :meth:`maintain`)."""
         readable = [b for b in self.batches if b.lower <= as_of]
-        if self.policy.directory is None or all(b.is_local for b in readable):
+        if self.policy.directory is None:
+            return None
+        if all(b.is_local for b in readable) and (self.probe_local_rows is None
+                                                  or sum(b.rows for b in readable) < self.probe_local_rows):
             return None
         self.index_stored()
         files = [(b.index, name) for b in readable if not b.is_local for name in b.index_paths]

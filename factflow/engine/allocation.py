@@ -18,7 +18,7 @@ from pyspark.sql import types as T
 
 from factflow.arrangement.batch import DIFF, Layout
 from factflow.arrangement.views import register_view
-from factflow.arrangement.trace import Trace, TraceHandle
+from factflow.arrangement.trace import OPERATOR_PROBE_ROWS, Trace, TraceHandle
 from factflow.dataflow.slots import QUERY, HandleSlot, RowsSlot, TraceSlot
 from factflow.model.frames import spark_frame
 from factflow.model.types import spark_type
@@ -61,7 +61,7 @@ class Allocation:
         """A new private trace named ``<owner>: <label>``, and its owner's name."""
         owner = self._owner_name(slot.owner)
         trace = Trace(self._state.spark, f"{owner}: {slot.label}", Layout(slot.columns, slot.key),
-                      self._state.policy, self._state.epoch)
+                      self._state.policy, self._state.epoch, probe_local_rows=OPERATOR_PROBE_ROWS)
         self._holders[slot.owner].traces.append((trace, slot.role))
         return trace, owner
 

@@ -131,6 +131,24 @@ def test_kept_plans_hold_no_more_than_their_memory_by_the_length_of_their_text(s
         binder.close()
 
 
+def test_probe_views_hold_half_the_memory_by_their_text_as_analysed_plans(spark):
+    """Between statement groups, the least recently used parameterized probe views go while
+    their definitions, at ``ANALYSED_BYTES_PER_CHARACTER``, take more than half the memory."""
+    binder = bound.Binder(spark, memory=2 * 100 * bound.ANALYSED_BYTES_PER_CHARACTER)  # 100 characters of probes
+    try:
+        definitions = [f"SELECT {n} AS n".ljust(40) for n in range(3)]  # 40 characters each
+        names = [binder.probe_view(d, lambda d=d: spark.sql(d))[0] for d in definitions[:2]]
+        binder.restart()
+        assert list(binder._probes) == names, "80 characters: both kept"
+        binder.probe_view(definitions[0], lambda: spark.sql(definitions[0]))  # used again: the most recent
+        names.append(binder.probe_view(definitions[2], lambda: spark.sql(definitions[2]))[0])
+        binder.restart()
+        assert list(binder._probes) == [names[0], names[2]], "120 characters: the least recently used went"
+        assert not spark.catalog.tableExists(names[1])
+    finally:
+        binder.close()
+
+
 def test_a_kept_plan_is_dropped_with_a_view_it_reads(spark, binder):
     view = register_view(spark.range(3), prefix="ff_b", lasting=True)
     text = f"SELECT id FROM {view} WHERE id > 0"  # no exchange: kept

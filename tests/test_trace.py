@@ -1,6 +1,8 @@
 """Unit tests of traces: batches, reading as of an epoch, merging, compaction, handles."""
 
 import os
+import random
+from collections import Counter
 
 import pandas as pd
 import pytest
@@ -115,6 +117,48 @@ def test_capped_merges_keep_every_update(spark):
         assert max(b.rows for b in trace.batches) <= 3
     assert len(trace.batches) <= 6
     assert accumulate(spark, trace, 14) == {(e, "x"): 1 for e in range(1, 15)}
+
+
+def test_local_merges_regroup_only_the_rows_a_newer_batch_meets(spark, monkeypatch):
+    """A local batch consolidated at one time takes each epoch's small batch in by grouping
+    only its rows whose key some newer row has; the trace stays consolidated and exact
+    (random updates, a handle that lags behind now and then, values that differ only after
+    a NUL), and the merge groups far fewer rows than the trace holds."""
+    from factflow.arrangement import trace as trace_module
+
+    grouped = []
+    original = trace_module.consolidated
+
+    def counted(frame, names, diff):
+        grouped.append(len(frame))
+        return original(frame, names, diff)
+
+    monkeypatch.setattr(trace_module, "consolidated", counted)
+    rng = random.Random(11)
+    trace = make(spark)
+    reader = trace.handle(0, "reader")
+    present: Counter = Counter()
+    values = ["a", "b", "b\x00c", "d"]
+    for epoch in range(1, 41):
+        changes = Counter()
+        for _ in range(400 if epoch == 1 else rng.randint(1, 6)):
+            row = (rng.randrange(300), rng.choice(values))
+            diff = -1 if present[row] + changes[row] > 0 and rng.random() < 0.5 else 1
+            changes[row] += diff
+        trace.append_pandas(rows(*[(e, v, d) for (e, v), d in changes.items() if d]), epoch)
+        present.update(changes)
+        if epoch % 7:  # the reader lags behind every seventh epoch
+            reader.advance(epoch)
+        trace.maintain()
+        assert len(trace.batches) == 1
+        merged = list(trace.batches[0].local.itertuples(index=False))  # (pandas hashes "b\x00c" as "b")
+        assert len({(e, v, t) for e, v, t, _ in merged}) == len(merged) and all(d for *_, d in merged)
+        summed = Counter()
+        for e, v, _, d in merged:
+            summed[e, v] += d
+        assert +summed == +present
+    # each epoch after the reader lagged groups every row again (its batch holds two times)
+    assert sum(n > trace.tuples / 4 for n in grouped[-14:]) <= 2, grouped[-14:]
 
 
 def test_handles_cannot_read_before_their_frontier(spark):

@@ -188,8 +188,8 @@ def release_checkpoint(frame: DataFrame) -> None:
 class Batch:
     """An immutable batch of updates covering epochs ``[lower, upper)``, readable as a view."""
 
-    __slots__ = ("lower", "upper", "rows", "frame", "local", "view", "index", "index_paths", "_stored", "_arrow",
-                 "_spark", "_layout", "_pins", "_released", "_indexing", "_relation")
+    __slots__ = ("lower", "upper", "rows", "frame", "local", "view", "index", "index_paths", "single_time", "_stored",
+                 "_arrow", "_spark", "_layout", "_pins", "_released", "_indexing", "_relation")
 
     def __init__(self, lower: int, upper: int, rows: int, frame: DataFrame | None,
                  local: pd.DataFrame | None = None, stored: DataFrame | None = None,
@@ -205,6 +205,9 @@ class Batch:
         self._layout = layout
         self.index: Location | None = None  # directory of the sorted index files (stored batches)
         self.index_paths: list[str] = []  # their names in it
+        #: a local batch whose rows are consolidated (distinct, no zero diff) and all at one
+        #: time: that time (set by the merge that made it, see ``Trace._merged_locally``)
+        self.single_time: int | None = None
         self.view = register_view(frame, lasting=True) if rows and frame is not None else None
         self._relation: str | None = None  # SQL reading a local batch, once read
         self._pins = 0

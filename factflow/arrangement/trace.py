@@ -478,10 +478,10 @@ class Trace:
         frontier = min(self.frontier(), upper - 1)
         names = self.layout.names
         if sum(p.rows for p in parts) <= self.policy.local_limit and all(p.is_local for p in parts):
-            frame = pd.concat([p.local for p in parts], ignore_index=True)
-            frame[TIME] = np.maximum(frame[TIME].to_numpy(), frontier)
-            frame = consolidated(frame, names + [TIME], DIFF)
-            return Batch.from_pandas(self.spark, self.layout, frame, lower, upper), frontier
+            merged = Batch.from_pandas(self.spark, self.layout, self._merged_locally(parts, frontier), lower, upper)
+            times = merged.local[TIME].to_numpy()
+            merged.single_time = int(times[0]) if len(times) and (times == times[0]).all() else None
+            return merged, frontier
         union = self.spark.sql(" UNION ALL ".join(f"SELECT * FROM {p.source}" for p in parts if p.rows))
         summed = (self.by_key(union).selectExpr(*[f"`{n}`" for n in names], f"greatest(`_t`, {frontier}L) AS `_t`",
                                                 "`_diff`")
@@ -489,6 +489,29 @@ class Trace:
         self.spark.sparkContext.setJobDescription(f"merge {self.name} [{lower}, {upper})")
         return self.materialize(summed.select(*self.layout.all_names), lower, upper, by_key=True,
                                 index=index, expected_rows=sum(p.rows for p in parts)), frontier
+
+    def _merged_locally(self, parts: list[Batch], frontier: int) -> pd.DataFrame:
+        """The rows of the local ``parts``, times compacted to ``frontier``, consolidated.
+
+        A trace on the driver merges each epoch's small batch into its large one, and
+        grouping all of the large one's rows again cost 4-8 ms per trace (TPC-H's orders
+        attributes, 15,000 rows: about 0.15 s of every one-order epoch). When the oldest
+        part is consolidated at one time (:attr:`Batch.single_time`), its rows are distinct
+        and stay so at the new time; only those whose first key column has a value some
+        newer row has can meet a newer row, so only they are grouped with the newer rows."""
+        names = self.layout.names + [TIME]
+        first = parts[0]
+        if first.single_time is None or len(parts) < 2 or not self.layout.names:
+            frame = pd.concat([p.local for p in parts], ignore_index=True)
+            frame[TIME] = np.maximum(frame[TIME].to_numpy(), frontier)
+            return consolidated(frame, names, DIFF)
+        newer = pd.concat([p.local for p in parts[1:]], ignore_index=True)
+        newer[TIME] = np.maximum(newer[TIME].to_numpy(), frontier)
+        column = self.layout.index_key[0]
+        met = first.local[column].isin(newer[column]).to_numpy()
+        older = first.local.assign(**{TIME: max(first.single_time, frontier)})
+        again = consolidated(pd.concat([older[met], newer], ignore_index=True), names, DIFF)
+        return pd.concat([older[~met], again], ignore_index=True)
 
     def materialize(self, frame: DataFrame, lower: int, upper: int, by_key: bool = False,
                     index: bool = False, expected_rows: int = 0) -> Batch:

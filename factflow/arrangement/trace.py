@@ -191,7 +191,7 @@ class TraceHandle:
 #: in several versions and Spark copies each read wherever it is inlined: one order's epoch
 #: of TPC-H's Q13 read its rule body's 14,821 rows whole 30 times (3.6-4.1 s; probed, 1.4 s).
 #: Attributes' traces are not probed while on the driver: probing TPC-H's orders attributes
-#: (15,000 rows each) made Q3's and Q9's epochs about 2x slower, each lookup a Python probe
+#: (15,000 rows each) made Q3's, Q9's and Q18's epochs 1.5-2.1x slower, each lookup a Python probe
 #: where the JVM joined the bound rows in milliseconds; and probing every trace from 1,024
 #: rows made the LDBC workload's 100-change epochs 1.9x slower (docs/benchmarks.md).
 OPERATOR_PROBE_ROWS = 4_096
@@ -495,7 +495,7 @@ class Trace:
 
         A trace on the driver merges each epoch's small batch into its large one, and
         grouping all of the large one's rows again cost 4-8 ms per trace (TPC-H's orders
-        attributes, 15,000 rows: about 0.15 s of every one-order epoch). When the oldest
+        attributes, 15,000 rows: 51-97 ms of a one-order epoch's maintenance). When the oldest
         part is consolidated at one time (:attr:`Batch.single_time`), its rows are distinct
         and stay so at the new time; only those whose first key column has a value some
         newer row has can meet a newer row, so only they are grouped with the newer rows."""

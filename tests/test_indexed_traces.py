@@ -137,7 +137,7 @@ def test_a_small_epoch_probes_an_operators_state_held_on_the_driver(spark):
     key in a small epoch once it holds ``OPERATOR_PROBE_ROWS`` rows. The shape of TPC-H's
     Q13: a count grouped in a rule's head over a join of 6,000 orders, whose aggregate input
     (the set of body tuples) a one-order epoch read whole in every copy of its statement
-    (117,250 rows in its one job; the attributes held on the driver are still read whole)."""
+    (117,248 rows in its one job; the attributes held on the driver are still read whole)."""
     from factflow import Engine
     from factflow.arrangement.trace import OPERATOR_PROBE_ROWS
 

@@ -501,16 +501,15 @@ class Trace:
         newer row has can meet a newer row, so only they are grouped with the newer rows."""
         names = self.layout.names + [TIME]
         first = parts[0]
-        if first.single_time is None or len(parts) < 2 or not self.layout.names:
-            frame = pd.concat([p.local for p in parts], ignore_index=True)
-            frame[TIME] = np.maximum(frame[TIME].to_numpy(), frontier)
-            return consolidated(frame, names, DIFF)
-        newer = pd.concat([p.local for p in parts[1:]], ignore_index=True)
-        newer[TIME] = np.maximum(newer[TIME].to_numpy(), frontier)
+        whole = first.single_time is None or len(parts) < 2 or not self.layout.names
+        compacted = pd.concat([p.local for p in (parts if whole else parts[1:])], ignore_index=True)
+        compacted[TIME] = np.maximum(compacted[TIME].to_numpy(), frontier)
+        if whole:
+            return consolidated(compacted, names, DIFF)
         column = self.layout.index_key[0]
-        met = first.local[column].isin(newer[column]).to_numpy()
+        met = first.local[column].isin(compacted[column]).to_numpy()
         older = first.local.assign(**{TIME: max(first.single_time, frontier)})
-        again = consolidated(pd.concat([older[met], newer], ignore_index=True), names, DIFF)
+        again = consolidated(pd.concat([older[met], compacted], ignore_index=True), names, DIFF)
         return pd.concat([older[~met], again], ignore_index=True)
 
     def materialize(self, frame: DataFrame, lower: int, upper: int, by_key: bool = False,

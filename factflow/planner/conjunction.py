@@ -120,14 +120,13 @@ class _Conjunction:
         seeded_goal = self.seeded_goal()
         edges = [frozenset(str(self.scope.var_of(c) or c) for c in s.names) for s in self.sources]
         edges += [frozenset(str(v) for v in self.relation_vars(c)) for c in self.relations]
-        single_valued = [c for c in self.relations
-                         if isinstance(c, Pattern) and self.pc.attribute(c.a, show(c)).semantics == "one"]
+        patterns = [(c, self.pc.attribute(c.a, show(c))) for c in self.relations if isinstance(c, Pattern)]
+        single_valued = [c for c, attribute in patterns if attribute.semantics == "one"]
         return ConjunctionSummary(
             requested=self.pc.strategy,
             edges=tuple(edges),
             cardinality_one=len(single_valued) == len(self.relations),
-            support=tuple((str(a.name), a.support) for a in (self.pc.attribute(c.a, show(c)) for c in self.relations
-                                                              if isinstance(c, Pattern))),
+            support=tuple((str(attribute.name), attribute.support) for _, attribute in patterns),
             determines=tuple((str(c.e), str(c.v)) for c in single_valued
                              if isinstance(c.e, Var) and isinstance(c.v, Var) and c.e != c.v),
             recursive=self.pc.transient,

@@ -221,3 +221,99 @@ def test_an_epoch_reports_the_statements_it_ran_from_kept_plans(engine):
     assert sum(r.plans_reused for r in reports) >= 4, [r.describe() for r in reports]
     assert re.search(r"statements? from kept plans", reports[-1].describe())
     assert q.results() == {(e, e): 1 for e in range(3, 9)}
+
+
+TYPED = T.StructType([T.StructField("e", T.LongType()), T.StructField("name", T.StringType()),
+                      T.StructField("score", T.DoubleType()), T.StructField("ok", T.BooleanType()),
+                      T.StructField("at", T.TimestampType()), T.StructField("day", T.DateType()),
+                      T.StructField("amount", T.DecimalType(12, 2))])
+
+
+def _typed(n: int) -> pd.DataFrame:
+    import datetime as dt
+    from decimal import Decimal
+
+    return pd.DataFrame({
+        "e": pd.array(range(n), dtype="Int64"),
+        "name": [None if i % 11 == 0 else ("b\x00c" if i % 5 == 0 else ("b" if i % 2 else "Zoë")) for i in range(n)],
+        "score": [None if i % 13 == 0 else i / 7 for i in range(n)],
+        "ok": pd.array([None if i % 17 == 0 else i % 3 == 0 for i in range(n)], dtype="boolean"),
+        "at": [dt.datetime(2026, 11, 30, 8, 30, tzinfo=dt.timezone.utc) + dt.timedelta(seconds=i * 1.25) for i in range(n)],
+        "day": [dt.date(1992, 1, 1) + dt.timedelta(days=i) for i in range(n)],
+        "amount": [Decimal(i * 1001) / 100 for i in range(n)],
+    })
+
+
+def _jobs_in(spark, group: str, run) -> tuple[object, int]:
+    """What ``run()`` returns and how many Spark jobs it ran (in a job group of its own)."""
+    sc = spark.sparkContext
+    sc.setJobGroup(group, group)
+    try:
+        result = run()
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", None)
+    return result, len(sc.statusTracker().getJobIdsForGroup(group))
+
+
+def test_a_statement_over_bound_rows_runs_on_the_driver_and_gives_what_a_job_gives(spark, binder):
+    """A join, an aggregate and a sort over bound rows of every value type (nulls, a string
+    with a NUL, a decimal, an instant) run in the driver's JVM with no Spark job, and give
+    the table the same statement gives as a job, with the rows its scans read."""
+    from factflow.engine.apply import small_statements
+
+    n = 400
+    with bound.binding(binder), small_statements(spark, EngineConfig().small_conf):
+        relation = binder.relation(_typed(n), TYPED)
+        text = (f"SELECT a.*, g.n, g.total, g.first FROM {relation} a JOIN (SELECT name, count(*) AS n, "
+                f"sum(amount) AS total, min(at) AS first FROM {relation} GROUP BY name) g ON a.name <=> g.name "
+                f"WHERE a.score IS NULL OR a.score < 40 ORDER BY a.e DESC")
+        frame = spark.sql(text)
+        on_driver, jobs = _jobs_in(spark, "factflow-test-driver-run", lambda: bound.collected(frame))
+        assert jobs == 0 and on_driver.read_on_driver == 2 * n  # the slot, scanned by both sides
+        as_job, jobs = _jobs_in(spark, "factflow-test-as-job", frame.toArrow)
+        assert jobs >= 1
+        empty = spark.sql(f"SELECT * FROM {relation} WHERE e < 0")
+        assert bound.collected(empty).table.equals(empty.toArrow())
+    assert on_driver.table.num_rows == as_job.num_rows > n // 2
+    assert on_driver.table.equals(as_job)
+    assert on_driver.table.to_pandas().equals(as_job.to_pandas())
+
+
+def test_statements_the_driver_cannot_run_alone_run_as_jobs(spark, binder):
+    """A plan that shuffles, calls Python or reads anything but bound and literal rows is
+    not run on the driver."""
+    before = spark.conf.get("spark.sql.shuffle.partitions")
+    with bound.binding(binder):
+        relation = binder.relation(_frame([(1, "a"), (2, "b"), (3, "a")]), SCHEMA)
+        spark.range(5).createOrReplaceTempView("factflow_test_range_view")
+        spark.conf.set("spark.sql.shuffle.partitions", "2")
+        try:
+            for text in (f"SELECT v, count(*) AS n FROM (SELECT * FROM {relation} DISTRIBUTE BY e) GROUP BY v",
+                         f"SELECT e FROM {relation} WHERE e IN (SELECT id FROM factflow_test_range_view)",
+                         f"SELECT e, id FROM {relation} JOIN factflow_test_range_view ON e = id"):
+                frame = spark.sql(text)
+                found = bound.collected(frame)
+                assert found.read_on_driver is None, text
+                assert found.table.equals(frame.toArrow()), text
+            udf = spark.sql(f"SELECT e, v FROM {relation}").mapInArrow(lambda batches: batches, SCHEMA)
+            assert bound.collected(udf).read_on_driver is None
+            literal = spark.sql("SELECT * FROM VALUES (1, 'x'), (2, 'y') AS t(e, v) WHERE e > 1")
+            assert bound.collected(literal) == (literal.toArrow(), 0)
+        finally:
+            spark.conf.set("spark.sql.shuffle.partitions", before)
+            drop_view(spark, "factflow_test_range_view")
+
+
+def test_a_statement_that_fails_on_the_driver_raises_and_leaves_no_task_behind(spark, binder):
+    """An error raised while the driver runs a statement (an ANSI cast) reaches the caller;
+    the driver's thread is left without a task context, and the next statement runs."""
+    from pyspark.errors import PySparkException
+
+    with bound.binding(binder):
+        relation = binder.relation(_frame([(1, "7"), (2, "seven")]), SCHEMA)
+        failing = spark.sql(f"SELECT e, CAST(v AS INT) AS n FROM {relation} ORDER BY n")
+        with pytest.raises(PySparkException, match="'seven'.* cannot be cast"):
+            bound.collected(failing)
+        assert spark._jvm.org.apache.spark.TaskContext.get() is None
+        fine = spark.sql(f"SELECT e, v FROM {relation} ORDER BY e DESC")
+        assert bound.collected(fine).table.column("v").to_pylist() == ["seven", "7"]

@@ -12,7 +12,8 @@ import pandas as pd
 import pytest
 
 from factflow import (
-    EdnSyntaxError, EngineClosedError, QueryError, RuleError, SchemaError, TransactionError, UnknownAttributeError,
+    EdnSyntaxError, Engine, EngineClosedError, EngineConfig, QueryError, RuleError, SchemaError, TransactionError,
+    UnknownAttributeError,
 )
 
 
@@ -161,7 +162,7 @@ def test_a_small_transaction_reads_only_the_state_of_its_entities(spark, monkeyp
                      add(10, ":p/tag", "t3"), add(11, ":p/age", 11)])  # the last two change nothing
         report = db.epoch_log[-1]
         assert report.changes == 4  # name replaced (2), a tag added, an age retracted
-        read = [j.rows_read for j in report.jobs if j.description.endswith("effective changes")]
+        read = [r.rows_read for r in [*report.jobs, *report.on_driver] if r.description.endswith("effective changes")]
         assert len(read) == 1 and read[0] < 50, read
         assert q.results() == {(e, "Seven" if e == 7 else f"n{e}", e): 1 for e in range(12) if e != 9}
         ids = {db.schema.get(a).id for a in (":p/name", ":p/age", ":p/tag")}
@@ -647,18 +648,28 @@ def test_schema_errors(engine):
         engine.create_attribute(":a/c", type="long", semantics="many")
 
 
-def test_epoch_reports_name_their_spark_jobs(people):
-    people.query("[:find ?p :where [?p :person/age _]]", name="ages")
-    people.transact([add(1, ":person/age", 3)])
-    report = people.epoch_log[-1]
-    assert report.jobs and all(j.description and f"epoch {report.epoch}" in j.description for j in report.jobs)
-    assert any("ages" in j.description for j in report.jobs)
-    assert re.search(r"\b1 Spark job\b|\d+ Spark jobs", report.describe())
-    # the epoch is also the jobs' call site (Spark does not walk the stack for every RDD)
-    store = people.spark.sparkContext._jsc.sc().statusStore()
-    ids = [store.job(j.id).stageIds() for j in report.jobs]
-    stages = [seq.apply(i) for seq in ids for i in range(seq.size())]
-    assert stages and {store.lastStageAttempt(s).details() for s in stages} == {f"factflow epoch {report.epoch}"}
+def test_epoch_reports_name_their_spark_jobs(spark):
+    with Engine(spark=spark, config=EngineConfig(local_limit=5)) as people:
+        people.create_attribute(":person/age", type="long", semantics="one")
+        people.query("[:find ?p :where [?p :person/age _]]", name="ages")
+        people.transact([add(1, ":person/age", 3)])
+        report = people.epoch_log[-1]
+        # a small epoch over state the driver holds computes its statements there, named alike
+        assert report.on_driver and not report.jobs, report.describe()
+        assert all(f"epoch {report.epoch}" in d for d in report.steps) and any("ages" in d for d in report.steps)
+        assert re.search(r"\b0 Spark jobs \(.*\b1 run on the driver\)", report.describe()), report.describe()
+        assert "on the driver (" in report.describe()
+        people.transact([add(e, ":person/age", e) for e in range(100, 110)])  # over local_limit: a bulk epoch
+        report = people.epoch_log[-1]
+        assert report.jobs and not report.on_driver
+        assert all(j.description and f"epoch {report.epoch}" in j.description for j in report.jobs)
+        assert any("ages" in j.description for j in report.jobs)
+        assert re.search(r"\b1 Spark job\b|\d+ Spark jobs", report.describe())
+        # the epoch is also its queries' jobs' call site (Spark does not walk the stack for every RDD)
+        store = people.spark.sparkContext._jsc.sc().statusStore()
+        ids = [store.job(j.id).stageIds() for j in report.jobs if "ages" in j.description]
+        stages = [seq.apply(i) for seq in ids for i in range(seq.size())]
+        assert stages and {store.lastStageAttempt(s).details() for s in stages} == {f"factflow epoch {report.epoch}"}
 
 
 def test_a_closed_engine_and_its_queries_refuse_every_public_method_and_property(spark):
@@ -830,7 +841,7 @@ def test_a_small_epoch_keeps_what_exceeds_the_fetch_limit_in_spark(spark):
         for edge in ((2, 22), (1, 22)):  # each reads the stored paths by key
             edges.add(edge)
             db.transact([add(edge[0], ":edge", edge[1])])
-            assert db.epoch_log[-1].kept_in_spark == [] and len(db.epoch_log[-1].jobs) == 1
+            assert db.epoch_log[-1].kept_in_spark == [] and len(db.epoch_log[-1].steps) == 1
             assert q.rows() == expected()
 
 

@@ -49,7 +49,7 @@ def test_queries_calling_a_rule_share_its_state(chain):
     assert count.results() == 1 + tc_pairs(5)  # (7 8), and the chain 9..13
     # one fixpoint for both queries: its first overdeletion step (one collect, perhaps over
     # several Spark jobs with the same description) ran once in the epoch
-    steps = [j.description or "" for j in chain.epoch_log[-1].jobs]
+    steps = [d or "" for d in chain.epoch_log[-1].steps]
     steps = [d for i, d in enumerate(steps) if i == 0 or d != steps[i - 1]]
     assert len([d for d in steps if d.endswith(": overdelete")]) == 1
 

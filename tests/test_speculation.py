@@ -35,7 +35,8 @@ def db(spark):
 
 
 def jobs(db) -> list[str]:
-    return [j.description for j in db.epoch_log[-1].jobs]
+    """What the last epoch ran: its Spark jobs and its statements run on the driver."""
+    return db.epoch_log[-1].steps
 
 
 def test_a_right_guess_takes_one_job_and_a_wrong_one_the_exact_result(db):

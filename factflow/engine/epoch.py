@@ -99,6 +99,8 @@ def run_epoch(state: EngineState, tx: Any, group_prefix: str, epoch_log: list[Ep
                                    "transactions cannot write it")
         binder = state.binder if prepared.small else None  # small epochs reuse their plans
         counted = (binder.planned, binder.reused, binder.reanalysed) if binder is not None else (0, 0, 0)
+        if binder is not None:
+            binder.take_on_driver()  # what an epoch that failed left
         try:
             changed, watched, affected, outputs, kept, guessed = _compute(state, prepared, epoch, known, binder,
                                                                           phases, True)
@@ -137,10 +139,11 @@ def run_epoch(state: EngineState, tx: Any, group_prefix: str, epoch_log: list[Ep
     state.defer_maintenance(epoch, changed, affected)
     planned, reused, reanalysed = ((binder.planned - counted[0], binder.reused - counted[1],
                                     binder.reanalysed - counted[2]) if binder is not None else (0, 0, 0))
+    on_driver = binder.take_on_driver() if binder is not None else []
     report = EpochReport(epoch, prepared.rows, sum(changed.values()), [q.name for q in affected],
                          spark_jobs(spark, group), time.perf_counter() - started, phases, kept_in_spark=kept,
                          statements=planned + reused, plans_reused=reused, analyses_reused=reanalysed,
-                         time=time.time(),
+                         on_driver=on_driver, time=time.time(),
                          changed=[n.source.name for n in notices if isinstance(n.source, Query)])
     epoch_log.append(report)
     if log.isEnabledFor(logging.INFO):

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import SparkSession
 
+from factflow.arrangement.bound import DriverRun
 from factflow.text import plural
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -46,7 +47,8 @@ class EpochReport:
     counts the epoch's statements that ran from a plan kept since an earlier epoch
     (``EngineConfig.reuse_plans``), of ``statements`` it ran in small-epoch form, and
     ``analyses_reused`` those planned anew from an analysed plan kept since an earlier epoch
-    (statements whose plans cannot run again, :mod:`factflow.arrangement.bound`).
+    (statements whose plans cannot run again, :mod:`factflow.arrangement.bound`), and
+    ``on_driver`` lists those computed in the driver's JVM without a Spark job.
     ``time`` is when it committed (seconds since the Unix epoch); ``changed`` names the
     queries whose result it changed, among those whose changes are computed (queries with
     subscribers or sinks).
@@ -65,16 +67,29 @@ class EpochReport:
     statements: int = 0
     plans_reused: int = 0
     analyses_reused: int = 0
+    on_driver: list[DriverRun] = field(default_factory=list)
     time: float = 0.0
     changed: list[str] = field(default_factory=list)
 
+    @property
+    def rows_read(self) -> int:
+        """The rows its Spark jobs and its statements run on the driver read."""
+        return sum(j.rows_read for j in self.jobs) + sum(r.rows_read for r in self.on_driver)
+
+    @property
+    def steps(self) -> list[str | None]:
+        """The descriptions of its Spark jobs and of its statements run on the driver."""
+        return [j.description for j in self.jobs] + [r.description for r in self.on_driver]
+
     def describe(self) -> str:
-        """Multi-line text: the epoch's figures and one line per Spark job."""
+        """Multi-line text: the epoch's figures, one line per Spark job and one per statement
+        run on the driver."""
         operations = plural(self.operations, "operation") if self.operations is not None else "? operations"
         lines = [f"epoch {self.epoch}: {operations} -> {plural(self.changes, 'change')}, "
                  f"{plural(len(self.queries), 'query', 'queries')} updated, {plural(len(self.jobs), 'Spark job')} "
                  f"({self.plans_reused} of {plural(self.statements, 'statement')} from kept plans, "
-                 f"{self.analyses_reused} from kept analyses), {self.seconds:.3f}s "
+                 f"{self.analyses_reused} from kept analyses, {len(self.on_driver)} run on the driver), "
+                 f"{self.seconds:.3f}s "
                  + " ".join(f"{k}={v:.3f}s" for k, v in self.phases.items())]
         if self.kept_in_spark:
             lines.append(f"  kept in Spark (over the driver fetch limit): {', '.join(self.kept_in_spark)}")
@@ -82,6 +97,8 @@ class EpochReport:
             took = f"{job.seconds:.3f}s" if job.seconds is not None else "?"
             lines.append(f"  job {job.id} ({plural(job.tasks, 'task')}, {took}, read {plural(job.rows_read, 'row')}, "
                          f"shuffled {job.rows_shuffled}): {job.description}")
+        lines.extend(f"  on the driver ({run.seconds:.3f}s, read {plural(run.rows_read, 'row')}): {run.description}"
+                     for run in self.on_driver)
         if self.maintenance_jobs:
             lines.append(f"  after delivery: {plural(self.merges, 'merge')}, {plural(len(self.maintenance_jobs), 'Spark job')}")
         return "\n".join(lines)

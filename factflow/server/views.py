@@ -121,7 +121,9 @@ def _report(report: EpochReport) -> dict[str, Any]:
             "phases": dict(report.phases), "merges": report.merges, "statements": report.statements,
             "plans_reused": report.plans_reused, "analyses_reused": report.analyses_reused,
             "kept_in_spark": list(report.kept_in_spark),
-            "rows_read": sum(job.rows_read for job in report.jobs),
+            "rows_read": report.rows_read,
             "jobs": [{"id": j.id, "description": j.description, "tasks": j.tasks, "seconds": j.seconds,
                       "rows_read": j.rows_read, "rows_shuffled": j.rows_shuffled} for j in report.jobs],
+            "on_driver": [{"description": r.description, "seconds": r.seconds, "rows_read": r.rows_read}
+                          for r in report.on_driver],
             "maintenance_jobs": len(report.maintenance_jobs)}

@@ -48,6 +48,8 @@ import org.apache.spark.sql.vectorized.ColumnarBatch;
  * small statement in one partition (see factflow's {@code EngineConfig.small_conf}).
  */
 public final class BoundRows implements TableProvider {
+  /** How a scan of a slot describes itself (the start of its description). */
+  static final String DESCRIPTION = "bound rows ";
   private static final Map<String, byte[]> SLOTS = new ConcurrentHashMap<>();
   private static final BufferAllocator ALLOCATOR = new RootAllocator();
 
@@ -101,7 +103,7 @@ public final class BoundRows implements TableProvider {
     }
 
     @Override public StructType readSchema() { return schema; }
-    @Override public String description() { return "bound rows " + slot; }
+    @Override public String description() { return DESCRIPTION + slot; }
     @Override public Batch toBatch() { return this; }
     @Override public InputPartition[] planInputPartitions() { return new InputPartition[] {new SlotPartition(slot)}; }
     @Override public PartitionReaderFactory createReaderFactory() { return new SlotReaderFactory(); }

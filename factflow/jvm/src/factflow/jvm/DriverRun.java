@@ -1,0 +1,166 @@
+package factflow.jvm;
+
+import java.io.ByteArrayOutputStream;
+import java.util.Properties;
+import java.util.concurrent.atomic.AtomicLong;
+
+import org.apache.spark.Partition;
+import org.apache.spark.SparkEnv;
+import org.apache.spark.TaskContext;
+import org.apache.spark.TaskContext$;
+import org.apache.spark.TaskContextImpl;
+import org.apache.spark.executor.TaskMetrics$;
+import org.apache.spark.memory.TaskMemoryManager;
+import org.apache.spark.rdd.RDD;
+import org.apache.spark.sql.Row;
+import org.apache.spark.sql.classic.Dataset;
+import org.apache.spark.sql.execution.LocalTableScanExec;
+import org.apache.spark.sql.execution.SortExec;
+import org.apache.spark.sql.execution.SparkPlan;
+import org.apache.spark.sql.execution.arrow.ArrowBatchStreamWriter;
+import org.apache.spark.sql.execution.datasources.v2.BatchScanExec;
+import org.apache.spark.sql.internal.SQLConf;
+
+/**
+ * Runs a small statement's plan in the driver's JVM, as one task would, without a Spark job.
+ *
+ * <p>A small epoch's statement reads only rows the driver holds: slots of bound rows
+ * ({@link BoundRows}) and literal rows. Spark would still ship it as a job of one task to an
+ * executor, which on a cluster deserializes a plan of a few hundred operators in a JVM that
+ * runs a handful of tasks a second. {@link #collect} computes the same partitions here, under a
+ * task context of its own (memory from the driver's memory manager, the session's SQL settings
+ * as the task's properties), and returns the rows as an Arrow IPC stream, as
+ * {@code collectAsArrowToPython} would send them. A plan that reads anything else (files,
+ * cached or stored data), runs Python, shuffles or broadcasts is not run here.
+ */
+public final class DriverRun {
+  /** Attempt ids of driver-run tasks: negative, so they never meet a real task's. */
+  private static final AtomicLong ATTEMPTS = new AtomicLong();
+
+  private DriverRun() {}
+
+  /** What {@link #collect} computed: the rows as an Arrow IPC stream, and the rows its scans read. */
+  public static final class Collected {
+    private final byte[] stream;
+    private final long rowsRead;
+
+    Collected(byte[] stream, long rowsRead) {
+      this.stream = stream;
+      this.rowsRead = rowsRead;
+    }
+
+    /** The statement's rows, an Arrow IPC stream (schema first). */
+    public byte[] stream() { return stream; }
+
+    /** The rows its scans of bound rows read, as a job's input records would count them. */
+    public long rowsRead() { return rowsRead; }
+  }
+
+  /**
+   * The rows of {@code frame} computed in this JVM; null when its plan reads anything but
+   * bound and literal rows, or needs an exchange, a subquery or Python.
+   */
+  public static Collected collect(Dataset<Row> frame) {
+    SparkPlan plan = frame.queryExecution().executedPlan();
+    if (!local(plan)) {
+      return null;
+    }
+    SQLConf conf = frame.sparkSession().sessionState().conf();
+    RDD<byte[]> batches = frame.toArrowBatchRdd(plan);
+    ByteArrayOutputStream out = new ByteArrayOutputStream();
+    ArrowBatchStreamWriter writer = new ArrowBatchStreamWriter(frame.schema(), out, conf.sessionLocalTimeZone(),
+        "legacy".equals(conf.pandasStructHandlingMode()), conf.arrowUseLargeVarTypes());
+    Properties properties = new Properties();
+    properties.putAll(frame.sparkSession().sparkContext().getLocalProperties());
+    scala.jdk.javaapi.CollectionConverters.asJava(conf.getAllConfs()).forEach(properties::setProperty);
+    Partition[] partitions = batches.partitions();
+    long read = 0;
+    try {
+      for (Partition partition : partitions) {
+        read += run(batches, partition, partitions.length, properties, writer);
+      }
+    } finally {
+      forgetSorters(plan);
+    }
+    writer.end();
+    return new Collected(out.toByteArray(), read);
+  }
+
+  /**
+   * Drop the sorters a run left in {@code plan}'s sorts. A task's sort keeps its sorter in a
+   * field of its own copy of the plan; run here, that is the driver's plan, which must stay
+   * serializable (a thread-local is not) and should not hold the sorter until the next run.
+   */
+  private static void forgetSorters(SparkPlan plan) {
+    if (plan instanceof SortExec sort) {
+      sort.rowSorter_$eq(null);
+    }
+    scala.collection.Iterator<SparkPlan> children = plan.children().iterator();
+    while (children.hasNext()) {
+      forgetSorters(children.next());
+    }
+  }
+
+  /**
+   * Compute one partition of {@code batches} under a task context of its own, writing its
+   * batches; returns the rows its scans read.
+   */
+  private static long run(RDD<byte[]> batches, Partition partition, int partitions, Properties properties,
+                          ArrowBatchStreamWriter writer) {
+    long attempt = -ATTEMPTS.incrementAndGet();
+    SparkEnv env = SparkEnv.get();
+    TaskMemoryManager memory = new TaskMemoryManager(env.memoryManager(), attempt);
+    TaskContextImpl context = new TaskContextImpl(0, 0, partition.index(), attempt, 0, partitions, memory,
+        properties, env.metricsSystem(), TaskMetrics$.MODULE$.empty(), 1,
+        scala.collection.immutable.Map$.MODULE$.empty());
+    TaskContext previous = TaskContext.get();
+    TaskContext$.MODULE$.setTaskContext(context);
+    Throwable failure = null;
+    try {
+      writer.writeBatches(batches.iterator(partition, context));
+      return context.taskMetrics().inputMetrics().recordsRead();
+    } catch (RuntimeException | Error e) {
+      failure = e;
+      context.markTaskFailed(e);
+      throw e;
+    } finally {
+      try {
+        context.markTaskCompleted(scala.Option.apply(failure));
+      } finally {
+        memory.cleanUpAllAllocatedMemory();
+        if (previous == null) {
+          TaskContext$.MODULE$.unset();
+        } else {
+          TaskContext$.MODULE$.setTaskContext(previous);
+        }
+      }
+    }
+  }
+
+  /** Whether {@code plan} reads only bound and literal rows through narrow operators of the JVM. */
+  private static boolean local(SparkPlan plan) {
+    if (!plan.subqueries().isEmpty()) {
+      return false;
+    }
+    String name = plan.getClass().getSimpleName();
+    if (name.contains("Exchange") || name.contains("Adaptive") || name.contains("Python")
+        || name.contains("Arrow") || name.contains("InPandas") || name.contains("InBatch")
+        || name.contains("QueryStage") || name.contains("Subquery") || name.contains("Cache")
+        || name.contains("InMemory")) {
+      return false;
+    }
+    if (plan.children().isEmpty()) {
+      if (plan instanceof LocalTableScanExec) {
+        return true;
+      }
+      return plan instanceof BatchScanExec scan && scan.scan().description().startsWith(BoundRows.DESCRIPTION);
+    }
+    scala.collection.Iterator<SparkPlan> children = plan.children().iterator();
+    while (children.hasNext()) {
+      if (!local(children.next())) {
+        return false;
+      }
+    }
+    return true;
+  }
+}

@@ -58,17 +58,18 @@ NEWCOMERS = [("Greta", "Hoffmann"), ("Jonas", "Keller"), ("Mira", "Schulz")]
 
 #: printed once, after the first epoch's cost
 WHY_SECONDS = """\
-    Why seconds for a dozen facts? However many queries it updates, a small epoch is two
-    Spark jobs of one task each, and what they cost is Spark's fixed overhead, not the
-    facts: Spark plans the epoch's SQL statements, then runs them over the state they join
-    with, which at this size stays on the driver and is read whole by each join (large
-    state is kept in Spark and probed by key). A fresh process pays most: each statement
-    of a new shape is planned while the JVM's JIT compiler is still warming up on the same
-    cores (installs also generate and compile code). An epoch whose statements have a
-    shape seen before reuses their plans ("plans reused"). On a quiet 2-core machine a
-    warm one-change epoch with five simple queries costs about 0.2 s, 8-9x a trivial Spark
-    job (docs/benchmarks-summary.md); these queries join more state, and a machine busy
-    with other Spark jobs shows more."""
+    Why a tenth of a second or more for a dozen facts? However many queries it updates, a
+    small epoch is one or two SQL statements, and what they cost is Spark's fixed
+    overhead, not the facts: Spark plans the epoch's statements, then runs them over the
+    state they join with, which at this size stays on the driver and is read whole by each
+    join (large state is kept in Spark and probed by key). A statement that reads only
+    what the driver holds runs there, without a Spark job ("on the driver"). A fresh
+    process pays most: each statement of a new shape is planned while the JVM's JIT
+    compiler is still warming up on the same cores (installs also generate and compile
+    code). An epoch whose statements have a shape seen before reuses their plans ("plans
+    reused"). On a quiet 2-core machine a warm one-change epoch with five simple queries
+    costs about 0.05 s (docs/benchmarks-summary.md); these queries join more state, and a
+    machine busy with other Spark jobs shows more."""
 
 
 def _stream(first_id: int, berlin: int) -> list[tuple[str, str, list]]:
@@ -200,7 +201,7 @@ def run_demo(data: str | None = None, master: str | None = None, out=sys.stdout,
             say("    no query changed")
         diffs.clear()
         say(f"    cost: {report.seconds:.2f}s for {plural(report.changes, 'fact change')}: "
-            f"{plural(len(report.jobs), 'Spark job')}, "
+            f"{plural(len(report.jobs), 'Spark job')}, {plural(len(report.on_driver), 'statement')} on the driver, "
             f"plans reused for {report.plans_reused} of {report.statements} statements")
         if number == 0:
             say(WHY_SECONDS)

@@ -28,7 +28,7 @@ def test_the_demo_tells_its_story(spark):
     changes = [[(q, sign, row) for q, sign, row in CHANGE.findall(epoch)] for epoch in epochs]
     for epoch, found in zip(epochs, changes):  # every epoch prints its changes or says there were none
         assert bool(found) != ("no query changed" in epoch), epoch
-        assert re.search(r"^    cost: [\d.]+s for \d+ fact changes?: \d+ Spark jobs?, "
+        assert re.search(r"^    cost: [\d.]+s for \d+ fact changes?: \d+ Spark jobs?, \d+ statements? on the driver, "
                          r"plans reused for \d+ of \d+ statements$", epoch, re.M), epoch
     assert text.count(WHY_SECONDS) == 1 and WHY_SECONDS in epochs[0], text  # the cost explained once
 

@@ -166,7 +166,7 @@ class EpochsPage {
       {title: "operations", value: (r) => fmt.num(r.operations), num: true},
       {title: "changes", value: (r) => fmt.num(r.changes), num: true},
       {title: "queries run / changed", value: (r) => `${r.queries} / ${r.changed}`, num: true},
-      {title: "Spark jobs", value: (r) => r.jobs.length, num: true},
+      {title: "Spark jobs / on the driver", value: (r) => `${r.jobs.length} / ${r.on_driver.length}`, num: true},
       {title: "rows read", value: (r) => fmt.num(r.rows_read), num: true},
       {title: "phases", value: (r) => Object.entries(r.phases).map(([k, v]) => `${k} ${fmt.secs(v)}`).join(" · ")},
     ], {key: (r) => r.epoch, rowAttrs: (r) => ({"data-epoch": r.epoch}), detail: (r) => this.jobs(r)});
@@ -179,7 +179,7 @@ class EpochsPage {
       el("div", {class: "charts"},
         el("div", {class: "chart"}, el("h3", {}, "Latency per epoch (last 10 minutes)"), this.latency),
         el("div", {class: "chart"}, el("h3", {}, "Changes per epoch (last 10 minutes)"), this.changes)),
-      el("h2", {}, "Recent epochs ", el("span", {class: "muted"}, "(click an epoch for its Spark jobs)")),
+      el("h2", {}, "Recent epochs ", el("span", {class: "muted"}, "(click an epoch for its Spark jobs and the statements run on the driver)")),
       this.table.node);
     const width = Math.max(320, Math.min(640, Math.floor((root.clientWidth - 60) / 2)));
     const lastMinutes = () => { const now = Date.now() / 1000; return [now - CHART_SECONDS, now]; };
@@ -195,10 +195,12 @@ class EpochsPage {
   }
 
   jobs(report) {
-    if (!report.jobs.length) return el("span", {class: "muted"}, "no Spark jobs");
+    if (!report.jobs.length && !report.on_driver.length) return el("span", {class: "muted"}, "no Spark jobs");
+    const onDriver = report.on_driver.map((r) => ({id: "on the driver", description: r.description, tasks: "",
+      seconds: r.seconds, rows_read: r.rows_read, rows_shuffled: 0}));
     return el("table", {},
       el("thead", {}, el("tr", {}, ["job", "description", "tasks", "time", "rows read", "rows shuffled"].map((t) => el("th", {}, t)))),
-      el("tbody", {}, report.jobs.map((j) => el("tr", {},
+      el("tbody", {}, report.jobs.concat(onDriver).map((j) => el("tr", {},
         el("td", {}, j.id), el("td", {class: "mono"}, j.description || ""), el("td", {class: "num"}, j.tasks),
         el("td", {class: "num"}, fmt.secs(j.seconds)), el("td", {class: "num"}, fmt.num(j.rows_read)),
         el("td", {class: "num"}, fmt.num(j.rows_shuffled))))));

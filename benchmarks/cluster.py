@@ -15,13 +15,15 @@ times, on one machine in one run:
 Each configuration loads the data into a durable engine, installs the five queries, times
 the install of a sixth query on the loaded state, runs ``--warmup`` epochs of one change
 (not measured), then ``--epochs`` epochs of each size. The warm-up is what "a warm cache"
-means here: besides the file caches, an executor's JVM compiles the code of the tasks it
-runs only after it has run them a while, and each executor runs a small epoch's one task
-every other epoch (``benchmarks/cluster_tasks.py``: after 10 epochs a cluster's small
-epoch took 1.8-1.9x local mode's, after 45-64 epochs 1.4-1.5x). Reported per
-configuration and size: the median and max epoch time (the first two
-epochs of each size left out: they plan new statement shapes), Spark jobs per epoch, the
-share of statements run from kept plans, and the time per phase of the last small epoch;
+means here: besides the file caches, a JVM compiles the code of the tasks it runs only
+after it has run them a while (``benchmarks/cluster_tasks.py``: after 10 epochs whose one
+task ran on an executor every other epoch, a cluster's small epoch took 1.8-1.9x local
+mode's, after 45-64 epochs 1.4-1.5x). A one-change epoch's statements now run on the
+driver without a Spark job, so the warm-up no longer warms the executors: the jobs of the
+first 100-change epochs meet them cold. Reported per configuration and size:
+the median and max epoch time (the first two epochs of each size left out: they plan new
+statement shapes), Spark jobs and statements run on the driver per epoch, the share of
+statements run from kept plans, and the time per phase of the last small epoch;
 and per round the ratio of each cluster configuration's median to local mode's, whose
 median over rounds is the figure quoted (target: a small epoch on the cluster within 1.5x
 of local mode, with a warm cache). The cluster's executors: one core and 2 GiB each.
@@ -85,20 +87,21 @@ def child(mode: str, epochs: int, warmup: int, settings: dict) -> dict:
             db.transact(transaction(rng, 1, persons, next_id))
         figures["warmup_s"] = round(time.perf_counter() - began, 3)
         for size in SIZES:
-            times, jobs, reused = [], [], []
+            times, jobs, on_driver, reused = [], [], [], []
             for _ in range(epochs):
                 db.transact(transaction(rng, size, persons, next_id))
                 r = db.epoch_log[-1]
                 times.append(r.seconds)
                 jobs.append(len(r.jobs))
+                on_driver.append(len(r.on_driver))
                 reused.append(r.plans_reused / r.statements if r.statements else 0.0)
             warm = slice(2, None) if epochs > 2 else slice(None)
             figures[str(size)] = {"median_s": round(median(times[warm]), 3), "max_s": round(max(times[warm]), 3),
-                                  "jobs_median": median(jobs[warm]),
+                                  "jobs_median": median(jobs[warm]), "on_driver_median": median(on_driver[warm]),
                                   "from_kept_plans": round(sum(reused[warm]) / len(reused[warm]), 2)}
             if size == 1:
                 figures["small_epoch_phases_s"] = {k: round(v, 3) for k, v in r.phases.items()}
-                figures["small_epoch_jobs"] = [j.description for j in r.jobs]
+                figures["small_epoch_jobs"] = r.steps
         figures["file_cache"] = file_cache(spark)
     spark.stop()
     return figures
@@ -162,7 +165,8 @@ def main() -> None:
                 found = json.loads(line[len("RESULT "):])
                 results[mode].append(found)
                 print(f"  load {found['load_s']} s, install {found['install_s']} s, " + ", ".join(
-                    f"{size}: {found[str(size)]['median_s']} s ({found[str(size)]['jobs_median']} jobs)"
+                    f"{size}: {found[str(size)]['median_s']} s ({found[str(size)]['jobs_median']} jobs, "
+                    f"{found[str(size)]['on_driver_median']} on the driver)"
                     for size in SIZES), flush=True)
     figures: dict = {"rounds": rounds, "epochs_per_size": epochs, "warmup_epochs": warmup, "queries": 5}
     for mode in MODES:
@@ -173,6 +177,7 @@ def main() -> None:
             **{f"epoch_{size}_median_s": median([r[str(size)]["median_s"] for r in runs]) for size in SIZES},
             **{f"epoch_{size}_max_s": max(r[str(size)]["max_s"] for r in runs) for size in SIZES},
             **{f"epoch_{size}_jobs": median([r[str(size)]["jobs_median"] for r in runs]) for size in SIZES},
+            **{f"epoch_{size}_on_driver": median([r[str(size)]["on_driver_median"] for r in runs]) for size in SIZES},
             "small_epoch_from_kept_plans": median([r["1"]["from_kept_plans"] for r in runs]),
             "small_epoch_phases_s": runs[-1]["small_epoch_phases_s"],
             "small_epoch_jobs": runs[-1]["small_epoch_jobs"],

@@ -19,8 +19,8 @@ number of installed queries, to show how an epoch grows with them:
   friends restricted to Chrome users or to males, and with ``<`` instead of ``!=``
   (every rule query reads the same shared ``friend`` rule).
 
-Reports per (queries, size): median and max epoch, Spark jobs per epoch (median), the
-share of statements run from plans kept since an earlier epoch, and the ratio of the median
+Reports per (queries, size): median and max epoch, Spark jobs and statements run on the
+driver without a job per epoch (medians), the share of statements run from plans kept since an earlier epoch, and the ratio of the median
 to a trivial Spark job. Medians exclude the first two epochs of each
 size. The session is configured as a default ``factflow.Engine()`` configures its own
 (``common.engine_session()``: 2 GB driver; the output says whether it differs).
@@ -118,20 +118,23 @@ def run(spark, count: int, epochs: int, reuse_plans: bool = True) -> tuple[dict,
     next_id = [10**15]
     figures = {}
     for size in SIZES:
-        times, jobs, changes, reused = [], [], [], []
+        times, jobs, on_driver, changes, reused = [], [], [], [], []
         for _ in range(epochs):
             db.transact(transaction(rng, size, persons, next_id))
             r = db.epoch_log[-1]
             times.append(r.seconds)
             jobs.append(len(r.jobs))
+            on_driver.append(len(r.on_driver))
             changes.append(r.changes)
             reused.append(r.plans_reused / r.statements if r.statements else 0.0)
         warm = slice(2, None) if epochs > 2 else slice(None)
         figures[size] = {"median_s": round(median(times[warm]), 3), "max_s": round(max(times[warm]), 3),
-                         "spark_jobs_median": median(jobs[warm]), "changes_median": median(changes[warm]),
+                         "spark_jobs_median": median(jobs[warm]), "on_driver_median": median(on_driver[warm]),
+                         "changes_median": median(changes[warm]),
                          "statements_from_kept_plans": round(sum(reused[warm]) / len(reused[warm]), 2)}
         print(f"  {count} queries, {size} changes: median {figures[size]['median_s']} s, max "
-              f"{figures[size]['max_s']} s, {figures[size]['spark_jobs_median']} jobs (median), "
+              f"{figures[size]['max_s']} s, {figures[size]['spark_jobs_median']} jobs and "
+              f"{figures[size]['on_driver_median']} statements on the driver (medians), "
               f"{figures[size]['changes_median']} fact changes (median), "
               f"{figures[size]['statements_from_kept_plans']:.0%} of statements from kept plans", flush=True)
     phases = {k: round(v, 3) for k, v in db.epoch_log[-1].phases.items()}

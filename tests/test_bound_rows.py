@@ -9,7 +9,9 @@ kept only where running it again is sound.
 from __future__ import annotations
 
 import re
+import tempfile
 import zipfile
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -274,6 +276,7 @@ def test_a_statement_over_bound_rows_runs_on_the_driver_and_gives_what_a_job_giv
         assert jobs >= 1
         empty = spark.sql(f"SELECT * FROM {relation} WHERE e < 0")
         assert bound.collected(empty).table.equals(empty.toArrow())
+    assert not list(Path(tempfile.gettempdir()).glob("factflow-driver-run-*"))  # the rows' files read and removed
     assert on_driver.table.num_rows == as_job.num_rows > n // 2
     assert on_driver.table.equals(as_job)
     assert on_driver.table.to_pandas().equals(as_job.to_pandas())
@@ -315,5 +318,6 @@ def test_a_statement_that_fails_on_the_driver_raises_and_leaves_no_task_behind(s
         with pytest.raises(PySparkException, match="'seven'.* cannot be cast"):
             bound.collected(failing)
         assert spark._jvm.org.apache.spark.TaskContext.get() is None
+        assert not list(Path(tempfile.gettempdir()).glob("factflow-driver-run-*"))  # its file removed
         fine = spark.sql(f"SELECT e, v FROM {relation} ORDER BY e DESC")
         assert bound.collected(fine).table.column("v").to_pylist() == ["seven", "7"]

@@ -321,14 +321,3 @@ def test_a_statement_that_fails_on_the_driver_raises_and_leaves_no_task_behind(s
         assert not list(Path(tempfile.gettempdir()).glob("factflow-driver-run-*"))  # its file removed
         fine = spark.sql(f"SELECT e, v FROM {relation} ORDER BY e DESC")
         assert bound.collected(fine).table.column("v").to_pylist() == ["seven", "7"]
-
-
-def test_only_epochs_of_a_few_operations_run_their_statements_on_the_driver(engine):
-    engine.create_attribute(":n", type="long")
-    q = engine.query("[:find ?e ?n :where [?e :n ?n] [(> ?n 2)]]")
-    engine.transact([[":db/add", e, ":n", e] for e in range(bound.DRIVER_OPERATIONS + 1)])
-    report = engine.epoch_log[-1]
-    assert report.operations > bound.DRIVER_OPERATIONS and report.jobs and not report.on_driver
-    engine.transact([[":db/add", -1, ":n", 7]])
-    assert engine.epoch_log[-1].on_driver and not engine.epoch_log[-1].jobs
-    assert q.results() == {**{(e, e): 1 for e in range(3, bound.DRIVER_OPERATIONS + 1)}, (-1, 7): 1}

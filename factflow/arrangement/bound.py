@@ -86,7 +86,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql import types as T
 
-__all__ = ["DRIVER_OPERATIONS", "JAR", "Binder", "Collected", "DriverRun", "Prepare", "analysed_views", "binding", "collected", "current",
+__all__ = ["JAR", "Binder", "Collected", "DriverRun", "Prepare", "analysed_views", "binding", "collected", "current",
            "run", "source_digest", "supported", "tasks_in_driver_jvm"]
 
 _JVM = Path(__file__).resolve().parent.parent / "jvm"
@@ -129,12 +129,6 @@ def supported(spark: "SparkSession") -> bool:
     return any(entry.endswith(Path(JAR).name) for entry in shipped if entry)
 
 
-#: The most operations of a transaction whose epoch runs statements on the driver. Larger
-#: small epochs (up to ``local_limit``) run theirs as jobs: with 5 and 20 LDBC queries,
-#: epochs of 10,000 changes whose effective changes ran on the driver took 4-12% longer
-#: (the queries' job after it slower; not explained), where one change took half as long.
-DRIVER_OPERATIONS = 1000
-
 #: heap a kept plan is taken to hold per character of its statement (see the module docstring)
 PLAN_BYTES_PER_CHARACTER = 1024
 #: the same for a kept analysed plan alone: taken, unmeasured, as a quarter of a whole plan's
@@ -153,9 +147,6 @@ class Binder:
         self.reused = 0   # statements run from a kept plan
         self.reanalysed = 0  # of those planned, how many started from a kept analysed plan
         self._on_driver: list[DriverRun] = []  # statements run on the driver since taken
-        #: whether statements that read only rows the driver holds run there (:func:`collected`);
-        #: the epoch says, by its size (:data:`DRIVER_OPERATIONS`)
-        self.on_driver = True
         self._id = next(_BINDERS)
         self._rows = spark._jvm.factflow.jvm.BoundRows
         self._next = 0
@@ -282,7 +273,7 @@ class Binder:
     def _collected(self, frame: "DataFrame") -> pa.Table:
         """:func:`collected`, noting a statement run on the driver."""
         began = time.perf_counter()
-        table, read = collected(frame, self.on_driver)
+        table, read = collected(frame)
         if read is not None:
             description = self.spark.sparkContext.getLocalProperty("spark.job.description")
             self._on_driver.append(DriverRun(description, time.perf_counter() - began, read))
@@ -436,13 +427,13 @@ class Collected(NamedTuple):
     read_on_driver: int | None
 
 
-def collected(frame: "DataFrame", on_driver: bool = True) -> Collected:
-    """The rows of ``frame`` as Arrow, as ``frame.toArrow()`` gives them. With ``on_driver``,
-    a plan that reads only bound and literal rows, with no exchange, subquery or Python,
-    runs in the driver's JVM as its one task would, without a Spark job (``DriverRun`` in
-    ``factflow/jvm``); any other runs as a job."""
+def collected(frame: "DataFrame") -> Collected:
+    """The rows of ``frame`` as Arrow, as ``frame.toArrow()`` gives them. A plan that reads
+    only bound and literal rows, with no exchange, subquery or Python, runs in the driver's
+    JVM as its one task would, without a Spark job (``DriverRun`` in ``factflow/jvm``); any
+    other runs as a job."""
     spark = frame.sparkSession
-    found = spark._jvm.factflow.jvm.DriverRun.collect(frame._jdf, tempfile.gettempdir()) if on_driver else None
+    found = spark._jvm.factflow.jvm.DriverRun.collect(frame._jdf, tempfile.gettempdir())
     if found is None:
         return Collected(frame.toArrow(), None)
     schema = to_arrow_schema(frame.schema, error_on_duplicated_field_names_in_struct=True,

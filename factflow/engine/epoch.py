@@ -40,7 +40,7 @@ from typing import Any, Callable
 import pandas as pd
 
 from factflow.arrangement.batch import DIFF
-from factflow.arrangement.bound import DRIVER_OPERATIONS, Binder, binding
+from factflow.arrangement.bound import Binder, binding
 from factflow.arrangement.filed import HeldRows
 from factflow.dataflow.context import EpochContext
 from factflow.dataflow.nodes import OUT, Stateful
@@ -101,7 +101,6 @@ def run_epoch(state: EngineState, tx: Any, group_prefix: str, epoch_log: list[Ep
         counted = (binder.planned, binder.reused, binder.reanalysed) if binder is not None else (0, 0, 0)
         if binder is not None:
             binder.take_on_driver()  # what an epoch that failed left
-            binder.on_driver = prepared.rows is not None and prepared.rows <= DRIVER_OPERATIONS
         try:
             changed, watched, affected, outputs, kept, guessed = _compute(state, prepared, epoch, known, binder,
                                                                           phases, True)

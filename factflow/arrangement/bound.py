@@ -49,8 +49,8 @@ exchange, subquery or Python function (a small epoch's statement over state the 
 holds), runs in the driver's JVM as its one task would, without a Spark job
 (:func:`collected`, ``DriverRun``): on a cluster, a job of one task costs an executor
 deserializing a plan of a few hundred operators that it runs a few times a minute, and
-Spark's scheduling in any mode (LDBC's one-change epochs in local mode: 0.104 s with a job,
-0.044 s without).
+Spark's scheduling in any mode (LDBC's one-change epochs with five queries in local mode:
+0.101 s with jobs, 0.050 s without, same hour).
 
 Slots live in the driver's JVM; a task takes its slots' rows with it, written into the
 task when Spark serializes it to launch it (``BoundRows``' partitions), so executors on

@@ -58,18 +58,17 @@ NEWCOMERS = [("Greta", "Hoffmann"), ("Jonas", "Keller"), ("Mira", "Schulz")]
 
 #: printed once, after the first epoch's cost
 WHY_SECONDS = """\
-    Why a tenth of a second or more for a dozen facts? However many queries it updates, a
-    small epoch is one or two SQL statements, and what they cost is Spark's fixed
-    overhead, not the facts: Spark plans the epoch's statements, then runs them over the
-    state they join with, which at this size stays on the driver and is read whole by each
-    join (large state is kept in Spark and probed by key). A statement that reads only
-    what the driver holds runs there, without a Spark job ("on the driver"). A fresh
-    process pays most: each statement of a new shape is planned while the JVM's JIT
-    compiler is still warming up on the same cores (installs also generate and compile
-    code). An epoch whose statements have a shape seen before reuses their plans ("plans
-    reused"). On a quiet 2-core machine a warm one-change epoch with five simple queries
-    costs about 0.05 s (docs/benchmarks-summary.md); these queries join more state, and a
-    machine busy with other Spark jobs shows more."""
+    Why seconds for a dozen facts? However many queries it updates, a small epoch is one or
+    two SQL statements, and what they cost is Spark's fixed overhead, not the facts: Spark
+    plans the epoch's statements, then runs them over the state they join with, which at
+    this size stays on the driver and is read whole by each join (large state is kept in
+    Spark and probed by key). A statement that reads only what the driver holds runs there,
+    without a Spark job ("on the driver"). A fresh process pays most: each statement of a
+    new shape is planned while the JVM's JIT compiler is still warming up on the same cores
+    (installs also generate and compile code). An epoch whose statements have a shape seen
+    before reuses their plans ("plans reused"). On a quiet 2-core machine a warm one-change
+    epoch with five simple queries costs about 0.05 s (docs/benchmarks-summary.md); these
+    queries join more state, and a machine busy with other Spark jobs shows more."""
 
 
 def _stream(first_id: int, berlin: int) -> list[tuple[str, str, list]]:

@@ -20,9 +20,9 @@ number of installed queries, to show how an epoch grows with them:
   (every rule query reads the same shared ``friend`` rule).
 
 Reports per (queries, size): median and max epoch, Spark jobs and statements run on the
-driver without a job per epoch (medians), the share of statements run from plans kept since an earlier epoch, and the ratio of the median
-to a trivial Spark job. Medians exclude the first two epochs of each
-size. The session is configured as a default ``factflow.Engine()`` configures its own
+driver without a job per epoch (medians), the share of statements run from plans kept
+since an earlier epoch, and the ratio of the median to a trivial Spark job. Medians
+exclude the first two epochs of each size. The session is configured as a default ``factflow.Engine()`` configures its own
 (``common.engine_session()``: 2 GB driver; the output says whether it differs).
 
     python benchmarks/epoch_latency.py [--epochs 12] [--queries 5]

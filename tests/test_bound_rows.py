@@ -240,7 +240,8 @@ def _typed(n: int) -> pd.DataFrame:
         "name": [None if i % 11 == 0 else ("b\x00c" if i % 5 == 0 else ("b" if i % 2 else "Zoë")) for i in range(n)],
         "score": [None if i % 13 == 0 else i / 7 for i in range(n)],
         "ok": pd.array([None if i % 17 == 0 else i % 3 == 0 for i in range(n)], dtype="boolean"),
-        "at": [dt.datetime(2026, 11, 30, 8, 30, tzinfo=dt.timezone.utc) + dt.timedelta(seconds=i * 1.25) for i in range(n)],
+        "at": [dt.datetime(2026, 11, 30, 8, 30, tzinfo=dt.timezone.utc) + dt.timedelta(seconds=i * 1.25)
+               for i in range(n)],
         "day": [dt.date(1992, 1, 1) + dt.timedelta(days=i) for i in range(n)],
         "amount": [Decimal(i * 1001) / 100 for i in range(n)],
     })

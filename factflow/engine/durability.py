@@ -7,15 +7,23 @@ nothing else:
 * *catalog records*, written before ``create_attribute`` or ``register`` returns: a new
   attribute with its type, semantics and settings (``index``, ``support``), the EDN text
   of rules that added something;
-* one *epoch record* per committed epoch, written after its queries are evaluated and
-  before it commits (so before any subscriber, and before ``transact`` returns): the
-  epoch's **effective changes** per attribute (what it appended to each forward index,
-  after validation and set/one/raw semantics), and the offsets it applied per source.
-  Replaying effective changes is deterministic and needs no validation. Small changes
-  travel inside the record as Arrow IPC; large ones (a stored batch) are written as
-  Parquet files by Spark tasks first and the record references them with checksums.
-  An epoch whose record cannot be written is rolled back, so every acknowledged epoch is
-  in the log and every logged epoch was (or was about to be) committed. The facts of
+* one *epoch record* per committed epoch, written before it commits (so before any
+  subscriber, and before ``transact`` returns): the epoch's **effective changes** per
+  attribute (what it appended to each forward index, after validation and set/one/raw
+  semantics), and the offsets it applied per source. Replaying effective changes is
+  deterministic and needs no validation. Small changes travel inside the record as Arrow
+  IPC, and the record is written by a thread of its own while the epoch's queries are
+  evaluated (on an object store a PUT, on a disk an ``fdatasync``: either would otherwise
+  add its latency to every small epoch); large ones (a stored batch) are written as
+  Parquet files by Spark tasks after the queries, and the record references them with
+  checksums. An epoch whose record cannot be written is rolled back, so every
+  acknowledged epoch is in the log. An epoch that fails after its record was written is
+  followed by a *void record*. A small epoch whose changes are guessed
+  (:mod:`factflow.engine.speculation`) logs the guess with the transaction's operations:
+  a wrong guess computes the epoch again, and its record replaces the guessed one; a
+  guessed record that is the last of the log (the process died before the guess was
+  checked) is not trusted, and opening the directory applies its operations again as that
+  epoch (``RecoveryReport.unconfirmed``). The facts of
   reserved (introspection) attributes are neither logged nor checkpointed: they describe
   the process that made them (:mod:`factflow.engine.introspection`).
 * in event time (:mod:`factflow.engine.clock`), a *pending record* per transaction
@@ -52,9 +60,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import reduce
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import pandas as pd
 import pyarrow as pa
@@ -85,7 +94,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from factflow.engine.config import EngineConfig
     from factflow.engine.state import EngineState
 
-__all__ = ["Durability", "RecoveryReport", "CheckpointReport"]
+__all__ = ["Durability", "RecoveryReport", "CheckpointReport", "LogWrite"]
 
 log = logging.getLogger("factflow.engine")
 
@@ -98,7 +107,9 @@ class RecoveryReport:
     could not be installed again), torn log tails cut off, the seconds it took (``phases``:
     reading files, loading arrangements), the durable queries installed again, and what
     opening with ``accept_data_loss=True`` gave up at damage in the log (``dropped``: the
-    damage, the last epoch kept, the acknowledged epochs dropped; None when nothing was)."""
+    damage, the last epoch kept, the acknowledged epochs dropped; None when nothing was),
+    and what became of a guessed epoch's record the log ended with (``unconfirmed``, see
+    the module docstring; None when it ended otherwise)."""
 
     epoch: int
     checkpoint: int | None
@@ -111,6 +122,7 @@ class RecoveryReport:
     phases: dict[str, float] = field(default_factory=dict)
     queries: list[str] = field(default_factory=list)
     dropped: DroppedLog | None = None
+    unconfirmed: str | None = None
 
 
 @dataclass
@@ -124,6 +136,43 @@ class CheckpointReport:
     bytes: int
     seconds: float
     pause: float
+
+
+class LogWrite:
+    """An epoch's record on its way to the log (:meth:`Durability.log_epoch`): written by
+    the log's thread while the epoch computes, or, for large changes, when waited for."""
+
+    def __init__(self, durability: "Durability", epoch: int, future: Future | None = None,
+                 write: Callable[[], None] | None = None):
+        self._durability, self._epoch, self._future, self._write = durability, epoch, future, write
+        self._done = False
+
+    def wait(self) -> None:
+        """Return once the record is durable; raise what writing it raised."""
+        if self._future is not None:
+            self._future.result()
+        elif self._write is not None:
+            write, self._write = self._write, None
+            write()
+        if not self._done:
+            self._done = True
+            self._durability.epochs_logged += 1
+
+    def settle(self) -> None:
+        """Wait for a record the epoch's next record replaces, whatever became of it (a
+        failure to write it surfaces when the next one is written)."""
+        if self._future is not None:
+            self._future.exception()
+
+    def void(self) -> None:
+        """The epoch failed: once its record is written (if it ever is), log that it is
+        void. A failure to do so is logged; the log then refuses further records."""
+        if self._future is None or self._future.exception() is not None:
+            return  # nothing was written (or the failure left no record)
+        try:
+            self._durability.store.log_void(self._epoch)
+        except Exception:  # the epoch's own failure is what the caller raises
+            log.exception("could not log that epoch %d failed; its record stays in the log", self._epoch)
 
 
 @dataclass
@@ -160,6 +209,9 @@ class Durability:
         self.recovery: RecoveryReport | None = None
         self.recovered_queries: list[QueryDefinition] = []
         self.epochs_logged = 0  # epoch records written or replayed since opening (event times are not consecutive)
+        self._log_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"factflow-{engine_id}-log")
+        #: a guessed epoch the log ended with, to apply again: (epoch, offsets, operations)
+        self.unconfirmed: tuple[int, dict[str, int], WideOps] | None = None
         self._epochs_checkpointed = 0  # epochs_logged when the newest checkpoint's snapshot was taken
 
     # ------------------------------------------------------------ opening
@@ -182,6 +234,9 @@ class Durability:
             state.epoch = recovered.epoch
             state.history = History(recovered.epoch)
             durability._restore_clock(recovered.frontier, recovered.pending)
+            if recovered.unconfirmed is not None:
+                epoch, offsets, ops = recovered.unconfirmed
+                durability.unconfirmed = (epoch, offsets, _ops_from_table(ops, state.schema))
             durability.epochs_logged = recovered.log_epochs
             mark = time.perf_counter()
             facts = 0
@@ -270,11 +325,14 @@ class Durability:
         """Log the event-time frontier (before it moves)."""
         self.store.log_frontier(frontier)
 
-    def log_epoch(self, epoch: int, changed: dict[int, int], offsets: dict[str, int]) -> None:
-        """Log ``epoch`` before it commits: the batch it appended to each changed attribute's
-        forward index (inside the record when held on the driver, as Parquet files when
-        stored in Spark) and its offsets (and, when the epoch before it is not ``epoch - 1``,
-        that epoch)."""
+    def log_epoch(self, epoch: int, changed: dict[int, int], offsets: dict[str, int],
+                  guessed: WideOps | None = None) -> LogWrite:
+        """Start logging ``epoch`` before it commits: the batch it appended to each changed
+        attribute's forward index (inside the record when held on the driver, as Parquet
+        files when stored in Spark), its offsets (and, when the epoch before it is not
+        ``epoch - 1``, that epoch) and, when its changes are a guess, the ``guessed``
+        transaction's operations. A record of driver-held changes is written by the log's
+        thread from now on; one with stored changes when :meth:`LogWrite.wait` is called."""
         small: list[tuple[int, pa.Table]] = []
         large: list[tuple[int, Kind, DataFrame, int]] = []
         for aid in sorted(changed):
@@ -288,8 +346,11 @@ class Durability:
                 else:
                     large.append((aid, kind, batch.frame, batch.rows))
         after = self.state.epoch  # still the previous epoch: this one has not committed
-        self.store.log_epoch(epoch, offsets, small, large, after if after != epoch - 1 else None)
-        self.epochs_logged += 1
+        args = (epoch, offsets, small, large, after if after != epoch - 1 else None,
+                _ops_table(guessed) if guessed is not None else None)
+        if large:
+            return LogWrite(self, epoch, write=lambda: self.store.log_epoch(*args))
+        return LogWrite(self, epoch, future=self._log_thread.submit(self.store.log_epoch, *args))
 
     # ------------------------------------------------------------ checkpoints
     def maybe_checkpoint(self) -> None:
@@ -429,6 +490,7 @@ class Durability:
         """Wait for a running checkpoint, close the log (marking it cleanly closed at the
         engine's epoch) and give the directory up."""
         self.wait()
+        self._log_thread.shutdown()
         self.store.close(self.state.epoch)
 
 

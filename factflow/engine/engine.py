@@ -185,6 +185,11 @@ class Engine:
         self._introspection = Introspection(
             self._state, self._durability.log_attribute if self._durability else None) if introspection else None
         if state_dir:
+            try:
+                self._apply_unconfirmed()
+            except BaseException:
+                self.close()
+                raise
             self._restore_queries()
             self._maintenance.run()
 
@@ -632,6 +637,27 @@ class Engine:
             raise
         log.info("installed query %s at epoch %d (%s join)", handle.name, self._state.epoch, dataflow.strategy)
         return handle
+
+    def _apply_unconfirmed(self) -> None:
+        """Apply again the transaction of a guessed epoch the log ended with (its guess was
+        never checked: see :mod:`factflow.engine.durability`), as that epoch; a rejection
+        voids its record. Either way the recovery report says what became of it."""
+        unconfirmed = self._durability.unconfirmed
+        if unconfirmed is None:
+            return
+        epoch, offsets, ops = unconfirmed
+        self._durability.unconfirmed = None
+        try:
+            with self._lock:
+                applied = self._run_epoch(ops, offsets or None, epoch if self._state.clock is not None else None)
+            self.recovery.unconfirmed = (f"the log ended with guessed epoch {epoch}, not yet checked: its "
+                                         f"transaction was applied again as epoch {applied}")
+        except TransactionError as exc:
+            self._durability.store.log_void(epoch)
+            self.recovery.unconfirmed = (f"the log ended with guessed epoch {epoch}, not yet checked: its "
+                                         f"transaction was rejected when applied again ({exc}); it is void")
+        log.warning("%s", self.recovery.unconfirmed)
+        self._deliveries.drain()
 
     def _restore_queries(self) -> None:
         """Install the durable queries the state directory holds (a failure is logged and

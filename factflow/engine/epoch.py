@@ -16,8 +16,9 @@ operations are appended as the effective changes they usually are, and the queri
 fetch checks that guess in the same job; a wrong guess rolls the epoch back and runs it
 again as above (:mod:`factflow.engine.speculation`).
 
-Between the second and the third phase a durable engine logs the epoch's effective
-changes and offsets (``journal``, see :mod:`factflow.engine.durability`); then the epoch commits: the latest closed epoch moves
+A durable engine logs the epoch's effective changes and offsets (``journal``, see
+:mod:`factflow.engine.durability`): small ones while the second phase runs, by the log's
+thread, large ones after it; the epoch waits for its record, then commits: the latest closed epoch moves
 to it and its changes are queued for the subscribers (:mod:`factflow.engine.delivery`),
 who receive them once the engine lock is released. Maintenance never delays results: it
 starts after the delivery, and what of it needs Spark runs in the background while the
@@ -47,6 +48,7 @@ from factflow.dataflow.nodes import OUT, Stateful
 from factflow.engine import transaction
 from factflow.engine.apply import append_known, apply_changes
 from factflow.engine.delivery import Deliveries, Notice
+from factflow.engine.durability import LogWrite
 from factflow.engine.reports import EpochReport, spark_jobs
 from factflow.engine.speculation import Misspeculated, speculate
 from factflow.engine.session import driver_alive, label_jobs
@@ -59,7 +61,7 @@ __all__ = ["run_epoch"]
 log = logging.getLogger("factflow.engine")
 
 
-Journal = Callable[[int, dict[int, int], dict[str, int]], None]
+Journal = Callable[[int, dict[int, int], dict[str, int], "transaction.WideOps | None"], LogWrite]
 
 
 def run_epoch(state: EngineState, tx: Any, group_prefix: str, epoch_log: list[EpochReport],
@@ -76,8 +78,9 @@ def run_epoch(state: EngineState, tx: Any, group_prefix: str, epoch_log: list[Ep
     not write reserved attributes. The report's ``changes`` count both.
 
     ``offsets`` (``{source: offset}``) are recorded with the epoch; ``journal(epoch,
-    changed, offsets)``, when given, makes the epoch durable before it commits (its
-    failure rolls the epoch back like any other). A rejected transaction raises and
+    changed, offsets, guessed)``, when given, starts logging the epoch once its changes
+    are appended, and the epoch commits only once that record is durable (a failure to
+    write it rolls the epoch back like any other; a failure after it voids the record). A rejected transaction raises and
     changes nothing; a failure of the maintenance after the commit is logged instead of
     raised. A failure that lost the Spark driver raises :class:`ExecutionError` without a
     rollback (the caller closes the engine).
@@ -90,6 +93,13 @@ def run_epoch(state: EngineState, tx: Any, group_prefix: str, epoch_log: list[Ep
     started = time.perf_counter()
     phases: dict[str, float] = {}
     outputs: dict[Stateful, pd.DataFrame | HeldRows] = {}
+    writes: list[LogWrite] = []  # the epoch's record on its way to the log
+
+    def write_log(changed: dict[int, int], guessed: bool) -> None:
+        if journal is not None:
+            ops = transaction.WideOps(prepared.local, prepared.attributes) if guessed else None
+            writes.append(journal(epoch, changed, offsets or {}, ops))
+
     try:
         sc.setJobDescription(f"epoch {epoch}: transaction")
         prepared = transaction.prepare(tx, state.schema, spark, state.config.local_limit)
@@ -103,23 +113,28 @@ def run_epoch(state: EngineState, tx: Any, group_prefix: str, epoch_log: list[Ep
             binder.take_on_driver()  # what an epoch that failed left
         try:
             changed, watched, affected, outputs, kept, guessed = _compute(state, prepared, epoch, known, binder,
-                                                                          phases, True)
+                                                                          phases, True, write_log)
             if guessed:
                 state.guesses.right()
-        except Misspeculated as exc:  # run again without the guess
+        except Misspeculated as exc:  # run again without the guess; its record replaces the guess's
+            if writes:
+                writes.pop().settle()
             state.rollback(epoch)
-            changed, watched, affected, outputs, kept, _ = _compute(state, prepared, epoch, known, binder, phases, False)
+            changed, watched, affected, outputs, kept, _ = _compute(state, prepared, epoch, known, binder, phases,
+                                                                    False, write_log)
             state.guesses.wrong(exc.attributes, epoch)  # the transaction was valid: its shape defeated the guess
-        if journal is not None:
+        if writes:
             mark = time.perf_counter()
             sc.setJobDescription(f"epoch {epoch}: write-ahead log")
-            journal(epoch, changed, offsets or {})
+            writes[-1].wait()
             phases["log"] = time.perf_counter() - mark
     except FactflowError:
+        _void(writes)
         _release_held(outputs)
         state.rollback(epoch)
         raise
     except Exception as exc:
+        _void(writes)
         if not driver_alive(spark):
             raise ExecutionError(f"epoch {epoch} failed: the Spark driver is gone ({_first_line(exc)}); "
                                  "the engine is closed") from exc
@@ -127,6 +142,7 @@ def run_epoch(state: EngineState, tx: Any, group_prefix: str, epoch_log: list[Ep
         state.rollback(epoch)
         raise ExecutionError(f"epoch {epoch} failed in Spark and was rolled back: {_first_line(exc)}") from exc
     except BaseException:
+        _void(writes)
         _release_held(outputs)
         state.rollback(epoch)
         raise
@@ -153,11 +169,13 @@ def run_epoch(state: EngineState, tx: Any, group_prefix: str, epoch_log: list[Ep
 
 def _compute(state: EngineState, prepared: transaction.PreparedTransaction, epoch: int,
              known: dict[int, pd.DataFrame] | None, binder: Binder | None, phases: dict[str, float],
-             guess: bool) -> tuple[dict[int, int], dict[int, pd.DataFrame], list[Query],
-                                   dict[Stateful, pd.DataFrame | HeldRows], list[str], bool]:
+             guess: bool, appended: Callable[[dict[int, int], bool], None]
+             ) -> tuple[dict[int, int], dict[int, pd.DataFrame], list[Query],
+                        dict[Stateful, pd.DataFrame | HeldRows], list[str], bool]:
     """The epoch's effective changes appended and its queries evaluated: the changed rows
     per attribute, the feeds' changes, the affected queries, their outputs, the traces
-    kept in Spark and whether the changes were guessed (and right). With ``guess``, the
+    kept in Spark and whether the changes were guessed (and right). ``appended(changed,
+    guessed)`` is called once the changes are appended, before the queries. With ``guess``, the
     changes of a small transaction may be guessed and checked in the queries' job
     (:mod:`factflow.engine.speculation`); a wrong guess raises :class:`Misspeculated` (the
     caller rolls back and computes again without one), and so does any failure of a
@@ -176,6 +194,7 @@ def _compute(state: EngineState, prepared: transaction.PreparedTransaction, epoc
             changed, watched = speculation.changed, speculation.watched
             append_known(state, epoch, known, changed, watched)
     phases["changes"] = time.perf_counter() - mark
+    appended(changed, speculation is not None)
     mark = time.perf_counter()
     affected = [q for q in state.queries.values()
                 if any(state.schema.get(a).id in changed for a in q.dataflow.attributes)]
@@ -194,6 +213,12 @@ def _compute(state: EngineState, prepared: transaction.PreparedTransaction, epoc
         raise Misspeculated(set()) from exc
     phases["queries"] = time.perf_counter() - mark
     return changed, watched, affected, outputs, kept, speculation is not None
+
+
+def _void(writes: list[LogWrite]) -> None:
+    """Void the record of a failed epoch once it is written (see :class:`LogWrite`)."""
+    if writes:
+        writes.pop().void()
 
 
 def _release_held(outputs: dict[Stateful, pd.DataFrame | HeldRows]) -> None:

@@ -81,7 +81,10 @@ class Recovered:
     opening with ``accept_data_loss`` gave up at damaged log records (None when nothing
     was, see :class:`DroppedLog`). Event time:
     ``frontier`` (None: never logged) and ``pending``, the transactions buffered for open
-    times as ``(time, offsets, operations table)`` in arrival order.
+    times as ``(time, offsets, operations table)`` in arrival order. ``unconfirmed``: the
+    last record of the log when it is a guessed epoch's (see :meth:`StateStore.log_epoch`)
+    as ``(epoch, offsets, operations table)``, not replayed: the engine applies those
+    operations again as that epoch (``epoch`` stays the one before it).
     """
 
     epoch: int = 0
@@ -98,6 +101,7 @@ class Recovered:
     dropped: "DroppedLog | None" = None
     frontier: int | None = None
     pending: list[tuple[int, dict[str, int], pa.Table]] = field(default_factory=list)
+    unconfirmed: tuple[int, dict[str, int], pa.Table] | None = None
 
 
 @dataclass
@@ -226,16 +230,51 @@ class StateStore:
 
     def _replay_log(self, first_segment: int, out: Recovered, accept_data_loss: bool) -> None:
         """Replay the log from ``first_segment`` into ``out``; damage is refused, or with
-        ``accept_data_loss`` cut off and described in ``out.dropped``."""
+        ``accept_data_loss`` cut off and described in ``out.dropped``.
+
+        An epoch's record is held until the next one says what became of it: a ``void``
+        record of its epoch drops it (the epoch failed after its record was written), an
+        epoch record of the same epoch replaces it (a guessed epoch computed again), any
+        other record confirms it. A guessed epoch's record that nothing follows is not
+        replayed but handed back as ``out.unconfirmed``."""
+        held: tuple[int, int, LogRecord] | None = None
+
+        def settle(confirmed: bool) -> None:
+            nonlocal held
+            if held is None:
+                return
+            segment, offset, record = held
+            held = None
+            if confirmed or not record.meta.get("guessed"):
+                self._replay_at(segment, offset, record, out)
+                return
+            out.log_records += 1
+            meta = record.meta
+            out.unconfirmed = (meta["epoch"], meta.get("offsets", {}), from_ipc(record.blobs[meta["ops"]]))
+            out.pending = [p for p in out.pending if p[0] > meta["epoch"]]  # applied by it again
+
         try:
             for segment, offset, record in self.wal.scan(first_segment, skip_damaged_marker=accept_data_loss):
-                path = self.wal.path(segment)
-                try:
-                    self._replay(record, out, path)
-                except CorruptStateError as exc:  # a record that reads but cannot be applied
-                    raise LogDamage(path, segment, offset, f"a record that cannot be replayed ({exc})",
-                                    self.wal.records_after(segment, offset)) from None
+                kind = record.meta.get("type")
+                if kind == "void" or (kind == "epoch" and held is not None
+                                      and held[2].meta["epoch"] == record.meta.get("epoch")):
+                    if held is None or held[2].meta["epoch"] != record.meta.get("epoch"):
+                        raise LogDamage(self.wal.path(segment), segment, offset,
+                                        f"a void record of epoch {record.meta.get('epoch')} follows no record of it",
+                                        self.wal.records_after(segment, offset))
+                    out.log_records += 1  # the record it voids or replaces
+                    held = None
+                    if kind == "void":
+                        out.log_records += 1
+                        continue
+                settle(True)
+                if kind == "epoch":
+                    held = (segment, offset, record)
+                else:
+                    self._replay_at(segment, offset, record, out)
+            settle(False)
         except LogDamage as damage:
+            settle(False)
             dropped = _dropped(damage, out)
             if not accept_data_loss:
                 raise CorruptStateError(
@@ -245,6 +284,16 @@ class StateStore:
             self.wal.truncate(damage.segment, damage.offset)
             log.error("write-ahead log cut at damage, as accept_data_loss asked: %s: %s", damage, dropped.description)
             out.dropped = dropped
+
+    def _replay_at(self, segment: int, offset: int, record: LogRecord, out: Recovered) -> None:
+        """Replay one record read at ``offset`` of ``segment``; one that reads but cannot be
+        applied is damage there."""
+        path = self.wal.path(segment)
+        try:
+            self._replay(record, out, path)
+        except CorruptStateError as exc:
+            raise LogDamage(path, segment, offset, f"a record that cannot be replayed ({exc})",
+                            self.wal.records_after(segment, offset)) from None
 
     def _read_manifest(self, checkpoint: Location) -> dict:
         manifest_path = checkpoint.file("manifest.json")
@@ -329,11 +378,18 @@ class StateStore:
         self.wal.append(LogRecord({"type": "query-dropped", "name": name}))
 
     def log_epoch(self, epoch: int, offsets: dict[str, int], small: Sequence[tuple[int, pa.Table]],
-                  large: Sequence[tuple[int, Kind, DataFrame, int]], after: int | None = None) -> None:
-        """Log a committed epoch (durable on return): its offsets, its small changes per
-        attribute id as Arrow tables inside the record, its large ones (Spark frames with
-        their row counts) as Parquet files under ``wal/bulk-<epoch>`` written first.
-        ``after``: the epoch before it, when that is not ``epoch - 1`` (event time)."""
+                  large: Sequence[tuple[int, Kind, DataFrame, int]], after: int | None = None,
+                  guessed: pa.Table | None = None) -> None:
+        """Log an epoch (durable on return): its offsets, its small changes per attribute id
+        as Arrow tables inside the record, its large ones (Spark frames with their row
+        counts) as Parquet files under ``wal/bulk-<epoch>`` written first. ``after``: the
+        epoch before it, when that is not ``epoch - 1`` (event time).
+
+        The record may be written while the epoch still computes, so the epoch may yet fail
+        (:meth:`log_void` follows then) or, when its changes are a guess (``guessed``: the
+        transaction's operations, kept in the record), be computed again (its record
+        follows and replaces this one). A guessed record that nothing follows is not
+        trusted at recovery: its operations are applied again (``Recovered.unconfirmed``)."""
         changes: list[dict] = []
         blobs: list[bytes] = []
         for aid, table in small:
@@ -349,7 +405,17 @@ class StateStore:
                 self.wal.bytes_since_rotation += sum(f["size"] for f in files)
             self.wal.location.sync()
         meta = {"type": "epoch", "epoch": epoch, "offsets": offsets, "changes": changes}
-        self.wal.append(LogRecord(dict(meta, after=after) if after is not None else meta, blobs))
+        if after is not None:
+            meta["after"] = after
+        if guessed is not None:
+            meta.update(guessed=True, ops=len(blobs))
+            blobs.append(to_ipc(guessed))
+        self.wal.append(LogRecord(meta, blobs))
+
+    def log_void(self, epoch: int) -> None:
+        """Log that ``epoch``, whose record was just written, failed and is not part of the
+        state (durable on return)."""
+        self.wal.append(LogRecord({"type": "void", "epoch": epoch}))
 
     # ------------------------------------------------------------ checkpoints
     def begin_checkpoint(self) -> int:
@@ -437,7 +503,12 @@ def _dropped(damage: LogDamage, out: Recovered) -> DroppedLog:
     """What giving up the log from ``damage`` on loses, given the state ``out`` replayed before it."""
     epochs, other, previous = [], 0, None
     for meta in damage.beyond:
-        if meta.get("type") == "epoch":
+        if meta.get("type") == "void":
+            if epochs and epochs[-1] == meta.get("epoch"):
+                epochs.pop()
+        elif meta.get("type") == "epoch":
+            if epochs and epochs[-1] == meta["epoch"]:
+                continue  # a guessed epoch's record replaced
             epochs.append(meta["epoch"])
             if previous is None:
                 previous = meta.get("after", meta["epoch"] - 1)

@@ -40,7 +40,10 @@ class EpochReport:
 
     ``seconds`` and ``jobs`` cover the epoch up to its commit (what delays its results);
     the maintenance that runs after its delivery is reported apart, in
-    ``phases["maintenance"]``, ``merges`` and ``maintenance_jobs``. ``kept_in_spark`` names
+    ``phases["maintenance"]``, ``merges`` and ``maintenance_jobs``. A durable engine's
+    ``phases["log"]`` is the log record's time on the epoch's own thread: building it, and
+    waiting for it after the queries (a small epoch's record is written beside them).
+    ``kept_in_spark`` names
     the private traces whose changes a small epoch checkpointed in Spark instead of fetching
     them, because they exceeded their share of ``EngineConfig.fetch_limit`` rows or
     ``spark.driver.maxResultSize`` (each costs a Spark job of its own). ``plans_reused``

@@ -14,13 +14,16 @@ times, on one machine in one run:
 
 Each configuration loads the data into a durable engine, installs the five queries, times
 the install of a sixth query on the loaded state, runs ``--warmup`` epochs of one change
-(not measured), then ``--epochs`` epochs of each size. The warm-up is what "a warm cache"
+and a quarter as many of 100 changes (not measured), then ``--epochs`` epochs of each size.
+The warm-up is what "a warm cache"
 means here: besides the file caches, a JVM compiles the code of the tasks it runs only
 after it has run them a while (``benchmarks/cluster_tasks.py``: after 10 epochs whose one
 task ran on an executor every other epoch, a cluster's small epoch took 1.8-1.9x local
 mode's, after 45-64 epochs 1.4-1.5x). A one-change epoch's statements now run on the
-driver without a Spark job, so the warm-up no longer warms the executors: the jobs of the
-first 100-change epochs meet them cold. Reported per configuration and size:
+driver without a Spark job, so they no longer warm the executors: the 100-change epochs of
+the warm-up do (their queries' statement probes stored state in a job; without them the
+jobs of the first measured 100-change epochs met cold executors). Reported per
+configuration and size:
 the median and max epoch time (the first two epochs of each size left out: they plan new
 statement shapes), Spark jobs and statements run on the driver per epoch, the share of
 statements run from kept plans, and the median time per phase of the one-change epochs;
@@ -83,8 +86,8 @@ def child(mode: str, epochs: int, warmup: int, settings: dict) -> dict:
         rng = random.Random(7)
         next_id = [10**15]
         began = time.perf_counter()
-        for _ in range(warmup):
-            db.transact(transaction(rng, 1, persons, next_id))
+        for size in [1] * warmup + [100] * (warmup // 4):
+            db.transact(transaction(rng, size, persons, next_id))
         figures["warmup_s"] = round(time.perf_counter() - began, 3)
         for size in SIZES:
             times, jobs, on_driver, reused, phases = [], [], [], [], []
@@ -132,7 +135,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=None, help="turns of the three configurations (default 2)")
     parser.add_argument("--epochs", type=int, default=None, help="epochs per size (default 8)")
-    parser.add_argument("--warmup", type=int, default=None, help="unmeasured epochs of one change first (default 40)")
+    parser.add_argument("--warmup", type=int, default=None, help="unmeasured epochs of one change first, then a quarter as many of 100 (default 40)")
     parser.add_argument("--quick", action="store_true", help="one round of 3 epochs per size, 10 to warm up")
     parser.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
     parser.add_argument("--settings", help=argparse.SUPPRESS)

@@ -169,9 +169,11 @@ class LogWrite:
         void. A failure to do so is logged; the log then refuses further records."""
         if self._future is None or self._future.exception() is not None:
             return  # nothing was written (or the failure left no record)
+        wal = self._durability.store.wal
         try:
             self._durability.store.log_void(self._epoch)
-        except Exception:  # the epoch's own failure is what the caller raises
+        except Exception as exc:  # the epoch's own failure is what the caller raises
+            wal.failed = wal.failed or exc  # a record after it would confirm the failed epoch
             log.exception("could not log that epoch %d failed; its record stays in the log", self._epoch)
 
 

@@ -18,8 +18,8 @@ again as above (:mod:`factflow.engine.speculation`).
 
 A durable engine logs the epoch's effective changes and offsets (``journal``, see
 :mod:`factflow.engine.durability`): small ones while the second phase runs, by the log's
-thread, large ones after it; the epoch waits for its record, then commits: the latest closed epoch moves
-to it and its changes are queued for the subscribers (:mod:`factflow.engine.delivery`),
+thread, large ones after it; the epoch waits for its record, then commits: the latest
+closed epoch moves to it and its changes are queued for the subscribers (:mod:`factflow.engine.delivery`),
 who receive them once the engine lock is released. Maintenance never delays results: it
 starts after the delivery, and what of it needs Spark runs in the background while the
 next epoch computes (see :mod:`factflow.engine.maintenance`), in a job group of its own.
@@ -80,10 +80,10 @@ def run_epoch(state: EngineState, tx: Any, group_prefix: str, epoch_log: list[Ep
     ``offsets`` (``{source: offset}``) are recorded with the epoch; ``journal(epoch,
     changed, offsets, guessed)``, when given, starts logging the epoch once its changes
     are appended, and the epoch commits only once that record is durable (a failure to
-    write it rolls the epoch back like any other; a failure after it voids the record). A rejected transaction raises and
-    changes nothing; a failure of the maintenance after the commit is logged instead of
-    raised. A failure that lost the Spark driver raises :class:`ExecutionError` without a
-    rollback (the caller closes the engine).
+    write it rolls the epoch back like any other; a failure after it voids the record). A
+    rejected transaction raises and changes nothing; a failure of the maintenance after
+    the commit is logged instead of raised. A failure that lost the Spark driver raises
+    :class:`ExecutionError` without a rollback (the caller closes the engine).
     """
     epoch = state.epoch + 1 if epoch is None else epoch
     group = f"{group_prefix}-{epoch}"
@@ -177,8 +177,8 @@ def _compute(state: EngineState, prepared: transaction.PreparedTransaction, epoc
     """The epoch's effective changes appended and its queries evaluated: the changed rows
     per attribute, the feeds' changes, the affected queries, their outputs, the traces
     kept in Spark and whether the changes were guessed (and right). ``appended(changed,
-    guessed)`` is called once the changes are appended, before the queries. With ``guess``, the
-    changes of a small transaction may be guessed and checked in the queries' job
+    guessed)`` is called once the changes are appended, before the queries. With
+    ``guess``, the changes of a small transaction may be guessed and checked in the queries' job
     (:mod:`factflow.engine.speculation`); a wrong guess raises :class:`Misspeculated` (the
     caller rolls back and computes again without one), and so does any failure of a
     guessed epoch."""

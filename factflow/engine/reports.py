@@ -43,10 +43,10 @@ class EpochReport:
     ``phases["maintenance"]``, ``merges`` and ``maintenance_jobs``. A durable engine's
     ``phases["log"]`` is the log record's time on the epoch's own thread: building it, and
     waiting for it after the queries (a small epoch's record is written beside them).
-    ``kept_in_spark`` names
-    the private traces whose changes a small epoch checkpointed in Spark instead of fetching
-    them, because they exceeded their share of ``EngineConfig.fetch_limit`` rows or
-    ``spark.driver.maxResultSize`` (each costs a Spark job of its own). ``plans_reused``
+    ``kept_in_spark`` names the private traces whose changes a small epoch checkpointed in
+    Spark instead of fetching them, because they exceeded their share of
+    ``EngineConfig.fetch_limit`` rows or ``spark.driver.maxResultSize`` (each costs a Spark
+    job of its own). ``plans_reused``
     counts the epoch's statements that ran from a plan kept since an earlier epoch
     (``EngineConfig.reuse_plans``), of ``statements`` it ran in small-epoch form, and
     ``analyses_reused`` those planned anew from an analysed plan kept since an earlier epoch

@@ -266,6 +266,9 @@ def repair(args: argparse.Namespace) -> int:
         print(message)
     print(f"{args.state_dir}: epoch {recovered.epoch} (checkpoint {recovered.checkpoint}, "
           f"{plural(recovered.log_records, 'log record')} after it)")
+    if recovered.unconfirmed is not None:
+        print(f"the log ends with guessed epoch {recovered.unconfirmed[0]}, not yet checked: the next "
+              "opening applies its transaction again")
     return 0
 
 

@@ -258,6 +258,12 @@ def _jobs_in(spark, group: str, run) -> tuple[object, int]:
     return result, len(sc.statusTracker().getJobIdsForGroup(group))
 
 
+def _driver_run_files() -> set[Path]:
+    """The files of driver runs in the temporary directory (a process killed while reading
+    one may have left one behind)."""
+    return set(Path(tempfile.gettempdir()).glob("factflow-driver-run-*"))
+
+
 def test_a_statement_over_bound_rows_runs_on_the_driver_and_gives_what_a_job_gives(spark, binder):
     """A join, an aggregate and a sort over bound rows of every value type (nulls, a string
     with a NUL, a decimal, an instant) run in the driver's JVM with no Spark job, and give
@@ -265,6 +271,7 @@ def test_a_statement_over_bound_rows_runs_on_the_driver_and_gives_what_a_job_giv
     from factflow.engine.apply import small_statements
 
     n = 400
+    files = _driver_run_files()
     with bound.binding(binder), small_statements(spark, EngineConfig().small_conf):
         relation = binder.relation(_typed(n), TYPED)
         text = (f"SELECT a.*, g.n, g.total, g.first FROM {relation} a JOIN (SELECT name, count(*) AS n, "
@@ -277,7 +284,7 @@ def test_a_statement_over_bound_rows_runs_on_the_driver_and_gives_what_a_job_giv
         assert jobs >= 1
         empty = spark.sql(f"SELECT * FROM {relation} WHERE e < 0")
         assert bound.collected(empty).table.equals(empty.toArrow())
-    assert not list(Path(tempfile.gettempdir()).glob("factflow-driver-run-*"))  # the rows' files read and removed
+    assert _driver_run_files() == files  # the rows' files read and removed
     assert on_driver.table.num_rows == as_job.num_rows > n // 2
     assert on_driver.table.equals(as_job)
     assert on_driver.table.to_pandas().equals(as_job.to_pandas())
@@ -313,12 +320,13 @@ def test_a_statement_that_fails_on_the_driver_raises_and_leaves_no_task_behind(s
     the driver's thread is left without a task context, and the next statement runs."""
     from pyspark.errors import PySparkException
 
+    files = _driver_run_files()
     with bound.binding(binder):
         relation = binder.relation(_frame([(1, "7"), (2, "seven")]), SCHEMA)
         failing = spark.sql(f"SELECT e, CAST(v AS INT) AS n FROM {relation} ORDER BY n")
         with pytest.raises(PySparkException, match="'seven'.* cannot be cast"):
             bound.collected(failing)
         assert spark._jvm.org.apache.spark.TaskContext.get() is None
-        assert not list(Path(tempfile.gettempdir()).glob("factflow-driver-run-*"))  # its file removed
+        assert _driver_run_files() == files  # its file removed
         fine = spark.sql(f"SELECT e, v FROM {relation} ORDER BY e DESC")
         assert bound.collected(fine).table.column("v").to_pylist() == ["seven", "7"]

@@ -21,6 +21,7 @@ import pytest
 from factflow import (
     CorruptStateError, Engine, EngineConfig, QueryError, StateLockedError, StateVersionError, StorageError, TransactionError,
 )
+from factflow.cli import main as cli
 from factflow.storage import wal as wal_module
 from factflow.storage.store import StateStore
 from factflow.storage.files import open_sealed_json, sealed_json, write_atomic
@@ -448,7 +449,7 @@ def _dying_after_the_record(patch, durability, error: BaseException) -> None:
 AGES = ("[:find ?e ?a :where [?e :d/age ?a]]", (), "multiset")
 
 
-def test_a_guessed_epoch_the_log_ends_with_is_applied_again_not_replayed(spark, tmp_path, monkeypatch):
+def test_a_guessed_epoch_the_log_ends_with_is_applied_again_not_replayed(spark, tmp_path, monkeypatch, capsys):
     # A small epoch's record is written while its queries run, and a guessed epoch's holds
     # the guess. Here the guess is wrong (entity 1's one name replaced, age 5 asserted
     # again) and the process dies before the check: replayed as written, entity 1 would have
@@ -467,6 +468,8 @@ def test_a_guessed_epoch_the_log_ends_with_is_applied_again_not_replayed(spark, 
         q.close()
     finally:
         db.close()
+    assert cli(["repair", str(tmp_path)]) == 0
+    assert "ends with guessed epoch 2, not yet checked" in capsys.readouterr().out
     db = Engine(spark=spark, state_dir=str(tmp_path), config=QUICK)
     try:
         assert "guessed epoch 2" in db.recovery.unconfirmed and "applied again as epoch 2" in db.recovery.unconfirmed

@@ -485,6 +485,32 @@ def test_a_guessed_epoch_the_log_ends_with_is_applied_again_not_replayed(spark, 
         db.close()
 
 
+def test_in_event_time_a_guessed_epoch_the_log_ends_with_is_applied_again_at_its_time(spark, tmp_path, monkeypatch):
+    first = [[":db/add", 1, ":d/name", "a"]]
+    wrong = [[":db/add", 1, ":d/name", "b"], [":db/add", 2, ":d/name", "c"]]  # a cardinality-one replacement
+    db = Engine(spark=spark, state_dir=str(tmp_path), config=QUICK, time="event")
+    try:
+        define(db)
+        db.transact(first, time=10)
+        assert db.advance_to(11) == [10]
+        q = db.query("[:find ?n (count ?e) :where [?e :d/name ?n]]")
+        db.transact(wrong, time=20)
+        with monkeypatch.context() as patch:
+            _dying_after_the_record(patch, db._durability, _Died())
+            patch.setattr("factflow.engine.epoch._void", lambda writes: None)
+            with pytest.raises(_Died):
+                db.advance_to(21)
+        q.close()
+    finally:
+        db.close()
+    with Engine(spark=spark, state_dir=str(tmp_path), config=QUICK, time="event") as db:
+        assert "guessed epoch 20" in db.recovery.unconfirmed and db.epoch == 20
+        check_queries(db, oracle_after([first, wrong]), LIGHT)
+    with Engine(spark=spark, state_dir=str(tmp_path), config=QUICK, time="event") as db:
+        assert db.epoch == 20 and db.recovery.unconfirmed is None
+        check_queries(db, oracle_after([first, wrong]), LIGHT)
+
+
 def test_an_epoch_that_fails_after_its_record_is_written_is_void(spark, tmp_path, monkeypatch):
     stream = valid_stream(seed=9, count=3)
     db = open_engine(spark, tmp_path)

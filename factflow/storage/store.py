@@ -255,18 +255,19 @@ class StateStore:
 
         try:
             for segment, offset, record in self.wal.scan(first_segment, skip_damaged_marker=accept_data_loss):
-                kind = record.meta.get("type")
-                if kind == "void" or (kind == "epoch" and held is not None
-                                      and held[2].meta["epoch"] == record.meta.get("epoch")):
-                    if held is None or held[2].meta["epoch"] != record.meta.get("epoch"):
+                kind, epoch = record.meta.get("type"), record.meta.get("epoch")
+                follows_held = held is not None and held[2].meta["epoch"] == epoch
+                if kind == "void":
+                    if not follows_held:
                         raise LogDamage(self.wal.path(segment), segment, offset,
-                                        f"a void record of epoch {record.meta.get('epoch')} follows no record of it",
+                                        f"a void record of epoch {epoch} follows no record of it",
                                         self.wal.records_after(segment, offset))
-                    out.log_records += 1  # the record it voids or replaces
+                    out.log_records += 2  # the record it voids, and itself
                     held = None
-                    if kind == "void":
-                        out.log_records += 1
-                        continue
+                    continue
+                if kind == "epoch" and follows_held:
+                    out.log_records += 1  # the record it replaces
+                    held = None
                 settle(True)
                 if kind == "epoch":
                     held = (segment, offset, record)

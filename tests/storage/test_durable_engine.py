@@ -436,14 +436,11 @@ def _dying_after_the_record(patch, durability, error: BaseException) -> None:
     """Make the next epoch's queries raise ``error`` once its log record is written."""
     from factflow.engine.state import EngineState
 
-    evaluate = EngineState.evaluate
-
     def evaluating(self, *args, **kwargs):
         durability._log_thread.submit(lambda: None).result()  # the record before it is written
         raise error
 
     patch.setattr(EngineState, "evaluate", evaluating)
-    return evaluate
 
 
 AGES = ("[:find ?e ?a :where [?e :d/age ?a]]", (), "multiset")

@@ -291,8 +291,8 @@ def test_a_statement_over_bound_rows_runs_on_the_driver_and_gives_what_a_job_giv
 
 
 def test_statements_the_driver_cannot_run_alone_run_as_jobs(spark, binder):
-    """A plan that shuffles, calls Python or reads anything but bound and literal rows is
-    not run on the driver."""
+    """A plan that shuffles, calls Python other than ``mapInArrow`` or reads anything but
+    bound and literal rows is not run on the driver."""
     before = spark.conf.get("spark.sql.shuffle.partitions")
     with bound.binding(binder):
         relation = binder.relation(_frame([(1, "a"), (2, "b"), (3, "a")]), SCHEMA)
@@ -306,13 +306,47 @@ def test_statements_the_driver_cannot_run_alone_run_as_jobs(spark, binder):
                 found = bound.collected(frame)
                 assert found.read_on_driver is None, text
                 assert found.table.equals(frame.toArrow()), text
-            udf = spark.sql(f"SELECT e, v FROM {relation}").mapInArrow(lambda batches: batches, SCHEMA)
-            assert bound.collected(udf).read_on_driver is None
+            spark.udf.register("factflow_test_upper", lambda v: v.upper())
+            udf = spark.sql(f"SELECT e, factflow_test_upper(v) AS v FROM {relation}")
+            found = bound.collected(udf)
+            assert found.read_on_driver is None
+            assert found.table.column("v").to_pylist() == ["A", "B", "A"]
             literal = spark.sql("SELECT * FROM VALUES (1, 'x'), (2, 'y') AS t(e, v) WHERE e > 1")
             assert bound.collected(literal) == (literal.toArrow(), 0)
         finally:
             spark.conf.set("spark.sql.shuffle.partitions", before)
             drop_view(spark, "factflow_test_range_view")
+
+
+def test_a_python_function_mapped_over_bound_rows_runs_in_a_python_worker_of_the_driver(spark, binder):
+    """``mapInArrow`` over bound rows (factflow's probes of index files) runs without a Spark
+    job, in a Python worker the driver starts, with the job's rows; a Python error reaches
+    the caller, leaves no task context behind, and the next statement runs there again."""
+    from pyspark.errors import PySparkException
+
+    def _doubled(batches):  # defined here: Python workers cannot import test modules
+        import pyarrow.compute as pc
+
+        for batch in batches:
+            yield batch.set_column(0, "e", pc.multiply(batch.column(0), 2))
+
+    def _failing(batches):
+        for _ in batches:
+            raise ValueError("factflow-test: probe failed")
+        yield from ()
+
+    with bound.binding(binder):
+        relation = binder.relation(_frame([(1, "a"), (2, "b"), (3, "a")]), SCHEMA)
+        doubled = spark.sql(f"SELECT e, v FROM {relation}").mapInArrow(_doubled, SCHEMA).where("v = 'a'")
+        found = bound.collected(doubled)
+        assert found.read_on_driver == 3
+        assert found.table.equals(doubled.toArrow())
+        assert sorted(found.table.column("e").to_pylist()) == [2, 6]
+        failing = spark.sql(f"SELECT e, v FROM {relation}").mapInArrow(_failing, SCHEMA)
+        with pytest.raises(PySparkException, match="factflow-test: probe failed"):
+            bound.collected(failing)
+        assert spark._jvm.org.apache.spark.TaskContext.get() is None
+        assert bound.collected(doubled).read_on_driver == 3
 
 
 def test_a_statement_that_fails_on_the_driver_raises_and_leaves_no_task_behind(spark, binder):

@@ -45,12 +45,15 @@ characters, whose kept plans held about 150 MB each: 64 of them were more than a
 driver has, and planning the next such statement needs several hundred MB while it runs).
 
 A kept or planned statement whose plan reads nothing but slots and literal rows, with no
-exchange, subquery or Python function (a small epoch's statement over state the driver
-holds), runs in the driver's JVM as its one task would, without a Spark job
-(:func:`collected`, ``DriverRun``): on a cluster, a job of one task costs an executor
-deserializing a plan of a few hundred operators that it runs a few times a minute, and
-Spark's scheduling in any mode (LDBC's one-change epochs with five queries in local mode:
-0.101 s with jobs, 0.050 s without, same hour).
+exchange or subquery (a small epoch's statement over state the driver holds, or probing
+index files by keys the driver holds), runs in the driver's JVM as its one task would,
+without a Spark job (:func:`collected`, ``DriverRun``): on a cluster, a job of one task
+costs an executor deserializing a plan of a few hundred operators that it runs a few times
+a minute, and Spark's scheduling in any mode (LDBC's one-change epochs with five queries in
+local mode: 0.101 s with jobs, 0.050 s without, same hour). Its probes (``mapInArrow``) run
+in a Python worker of the driver's, reading the index files through the storage layer as
+an executor's would (its 100-change epochs: 0.195 s as jobs, 0.122 s so; on the two-worker
+cluster 0.255 s and 0.126 s).
 
 Slots live in the driver's JVM; a task takes its slots' rows with it, written into the
 task when Spark serializes it to launch it (``BoundRows``' partitions), so executors on
@@ -429,9 +432,10 @@ class Collected(NamedTuple):
 
 def collected(frame: "DataFrame") -> Collected:
     """The rows of ``frame`` as Arrow, as ``frame.toArrow()`` gives them. A plan that reads
-    only bound and literal rows, with no exchange, subquery or Python, runs in the driver's
-    JVM as its one task would, without a Spark job (``DriverRun`` in ``factflow/jvm``); any
-    other runs as a job."""
+    only bound and literal rows, with no exchange, subquery or Python other than
+    ``mapInArrow`` (run in a Python worker of the driver's), runs in the driver's JVM as its
+    one task would, without a Spark job (``DriverRun`` in ``factflow/jvm``); any other runs
+    as a job."""
     spark = frame.sparkSession
     found = spark._jvm.factflow.jvm.DriverRun.collect(frame._jdf, tempfile.gettempdir())
     if found is None:

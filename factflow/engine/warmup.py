@@ -11,7 +11,10 @@ is created: one tiny job per session, in a background thread, as many tasks as t
 session runs at once. Nothing waits for it; if it fails (the session stopped meanwhile)
 it is logged at debug level and changes nothing. The same thread first records the class
 loader Spark's tasks run under, so that engine threads compile generated code once
-(:func:`factflow.engine.session.share_task_class_loader`).
+(:func:`factflow.engine.session.share_task_class_loader`). On a cluster it also starts the
+driver's own Python workers: a small epoch's probes of index files run there, in statements
+the driver runs without a Spark job (:func:`factflow.arrangement.bound.collected`); in local
+mode the driver's workers are the tasks'.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Iterator
 import pyarrow as pa
 from pyspark.sql import SparkSession
 
+from factflow.arrangement.bound import collected, supported, tasks_in_driver_jvm
 from factflow.engine.session import label_jobs, share_task_class_loader
 
 __all__ = ["warm_up"]
@@ -56,6 +60,8 @@ def _warm(spark: SparkSession, pool: str | None) -> None:
         share_task_class_loader(sc)
         tasks = max(1, sc.defaultParallelism)
         spark.range(0, tasks, 1, tasks).mapInArrow(_nothing, "id BIGINT").collect()
+        if not tasks_in_driver_jvm(sc.master) and supported(spark):  # the driver's own Python workers
+            collected(spark.sql("SELECT * FROM VALUES (0L) AS t(id)").mapInArrow(_nothing, "id BIGINT"))
     except Exception:  # noqa: BLE001 - a warm-up that fails costs only the first epoch its time
         log.debug("starting Spark's Python workers failed", exc_info=True)
 

@@ -9,10 +9,12 @@ import java.util.Properties;
 import java.util.concurrent.atomic.AtomicLong;
 
 import org.apache.spark.Partition;
+import org.apache.spark.SparkException;
 import org.apache.spark.SparkEnv;
 import org.apache.spark.TaskContext;
 import org.apache.spark.TaskContext$;
 import org.apache.spark.TaskContextImpl;
+import org.apache.spark.api.python.PythonException;
 import org.apache.spark.executor.TaskMetrics$;
 import org.apache.spark.memory.TaskMemoryManager;
 import org.apache.spark.rdd.RDD;
@@ -23,6 +25,7 @@ import org.apache.spark.sql.execution.SortExec;
 import org.apache.spark.sql.execution.SparkPlan;
 import org.apache.spark.sql.execution.arrow.ArrowBatchStreamWriter;
 import org.apache.spark.sql.execution.datasources.v2.BatchScanExec;
+import org.apache.spark.sql.execution.python.MapInArrowExec;
 import org.apache.spark.sql.internal.SQLConf;
 
 /**
@@ -34,9 +37,11 @@ import org.apache.spark.sql.internal.SQLConf;
  * runs a handful of tasks a second. {@link #collect} computes the same partitions here, under a
  * task context of its own (memory from the driver's memory manager, the session's SQL settings
  * as the task's properties), and writes the rows as an Arrow IPC stream, as
- * {@code collectAsArrowToPython} would send them, to a file the driver's Python reads. A plan
- * that reads anything else (files, cached or stored data), runs Python, shuffles or
- * broadcasts is not run here.
+ * {@code collectAsArrowToPython} would send them, to a file the driver's Python reads. A
+ * Python function mapped over Arrow batches ({@code mapInArrow}: factflow's probes of index
+ * files, keyed by bound rows) runs in a Python worker of the driver's, as a task's would run in
+ * one of its executor's. A plan that reads anything else (files, cached or stored data), runs
+ * other Python, shuffles or broadcasts is not run here.
  */
 public final class DriverRun {
   /** Attempt ids of driver-run tasks: negative, so they never meet a real task's. */
@@ -68,9 +73,9 @@ public final class DriverRun {
   /**
    * The rows of {@code frame} computed in this JVM, written to a new file under
    * {@code directory}; null when its plan reads anything but bound and literal rows, or
-   * needs an exchange, a subquery or Python.
+   * needs an exchange, a subquery or Python other than {@code mapInArrow}.
    */
-  public static Collected collect(Dataset<Row> frame, String directory) throws IOException {
+  public static Collected collect(Dataset<Row> frame, String directory) throws IOException, SparkException {
     SparkPlan plan = frame.queryExecution().executedPlan();
     if (!local(plan)) {
       return null;
@@ -90,7 +95,7 @@ public final class DriverRun {
         read += run(batches, partition, partitions.length, properties, writer);
       }
       writer.end();
-    } catch (IOException | RuntimeException | Error e) {
+    } catch (IOException | SparkException | RuntimeException | Error e) {
       Files.deleteIfExists(file);
       throw e;
     } finally {
@@ -119,7 +124,7 @@ public final class DriverRun {
    * batches; returns the rows its scans read.
    */
   private static long run(RDD<byte[]> batches, Partition partition, int partitions, Properties properties,
-                          ArrowBatchStreamWriter writer) {
+                          ArrowBatchStreamWriter writer) throws SparkException {
     long attempt = -ATTEMPTS.incrementAndGet();
     SparkEnv env = SparkEnv.get();
     TaskMemoryManager memory = new TaskMemoryManager(env.memoryManager(), attempt);
@@ -132,6 +137,11 @@ public final class DriverRun {
     try {
       writer.writeBatches(batches.iterator(partition, context));
       return context.taskMetrics().inputMetrics().recordsRead();
+    } catch (PythonException e) {
+      // wrapped as a failed job wraps it, so PySpark raises it as a PythonException
+      failure = e;
+      context.markTaskFailed(e);
+      throw new SparkException("A Python function failed in a statement run on the driver", e);
     } catch (RuntimeException | Error e) {
       failure = e;
       context.markTaskFailed(e);
@@ -150,10 +160,16 @@ public final class DriverRun {
     }
   }
 
-  /** Whether {@code plan} reads only bound and literal rows through narrow operators of the JVM. */
+  /**
+   * Whether {@code plan} reads only bound and literal rows through narrow operators of the JVM
+   * and Python functions mapped over Arrow batches.
+   */
   private static boolean local(SparkPlan plan) {
     if (!plan.subqueries().isEmpty()) {
       return false;
+    }
+    if (plan instanceof MapInArrowExec) {
+      return local(plan.children().head());
     }
     String name = plan.getClass().getSimpleName();
     if (name.contains("Exchange") || name.contains("Adaptive") || name.contains("Python")

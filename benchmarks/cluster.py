@@ -112,23 +112,29 @@ def child(mode: str, epochs: int, warmup: int, settings: dict) -> dict:
     return figures
 
 
+def cached_files() -> tuple[int, int]:
+    """The files and bytes of index files this Spark process (an executor's Python worker, or
+    the driver) has copied from an object store (see factflow.storage.cache)."""
+    from pyspark import SparkFiles
+
+    directory = os.path.join(SparkFiles.getRootDirectory(), "factflow-file-cache")
+    names = os.listdir(directory) if os.path.isdir(directory) else []
+    return len(names), sum(os.path.getsize(os.path.join(directory, n)) for n in names)
+
+
 def file_cache(spark) -> dict:
-    """Per host, the files and bytes of index files copied to its executors' caches (from
-    an object store; see factflow.storage.cache), read by a task on each executor."""
+    """Per executor host, and for the driver (whose small statements probe too), the files
+    and bytes of index files copied to its cache, read by a task on each executor."""
     def count(_rows):
-        import os
         import socket
 
-        from pyspark import SparkFiles
-
-        directory = os.path.join(SparkFiles.getRootDirectory(), "factflow-file-cache")
-        names = os.listdir(directory) if os.path.isdir(directory) else []
-        size = sum(os.path.getsize(os.path.join(directory, n)) for n in names)
-        yield (os.environ.get("SPARK_LOCAL_IP") or socket.gethostname(), len(names), size)
+        yield (os.environ.get("SPARK_LOCAL_IP") or socket.gethostname(), *cached_files())
 
     tasks = max(2, spark.sparkContext.defaultParallelism)
     seen = spark.sparkContext.parallelize(range(tasks), tasks).mapPartitions(count).collect()
-    return {host: {"files": files, "bytes": size} for host, files, size in sorted(set(seen))}
+    files, size = cached_files()
+    return {"driver": {"files": files, "bytes": size},
+            **{host: {"files": files, "bytes": size} for host, files, size in sorted(set(seen))}}
 
 
 def main() -> None:

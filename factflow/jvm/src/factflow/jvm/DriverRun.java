@@ -137,14 +137,12 @@ public final class DriverRun {
     try {
       writer.writeBatches(batches.iterator(partition, context));
       return context.taskMetrics().inputMetrics().recordsRead();
-    } catch (PythonException e) {
-      // wrapped as a failed job wraps it, so PySpark raises it as a PythonException
-      failure = e;
-      context.markTaskFailed(e);
-      throw new SparkException("A Python function failed in a statement run on the driver", e);
     } catch (RuntimeException | Error e) {
       failure = e;
       context.markTaskFailed(e);
+      if (e instanceof PythonException) {  // wrapped as a failed job wraps it: PySpark raises a PythonException
+        throw new SparkException("A Python function failed in a statement run on the driver", e);
+      }
       throw e;
     } finally {
       try {

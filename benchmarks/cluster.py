@@ -132,9 +132,9 @@ def file_cache(spark) -> dict:
 
     tasks = max(2, spark.sparkContext.defaultParallelism)
     seen = spark.sparkContext.parallelize(range(tasks), tasks).mapPartitions(count).collect()
-    files, size = cached_files()
-    return {"driver": {"files": files, "bytes": size},
-            **{host: {"files": files, "bytes": size} for host, files, size in sorted(set(seen))}}
+    on_driver = cached_files()
+    return {host: {"files": files, "bytes": size}
+            for host, files, size in [("driver", *on_driver), *sorted(set(seen))]}
 
 
 def main() -> None:

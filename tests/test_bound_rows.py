@@ -343,9 +343,11 @@ def test_a_python_function_mapped_over_bound_rows_runs_in_a_python_worker_of_the
         assert found.table.equals(doubled.toArrow())
         assert sorted(found.table.column("e").to_pylist()) == [2, 6]
         failing = spark.sql(f"SELECT e, v FROM {relation}").mapInArrow(_failing, SCHEMA)
+        files = _driver_run_files()
         with pytest.raises(PySparkException, match="factflow-test: probe failed"):
             bound.collected(failing)
         assert spark._jvm.org.apache.spark.TaskContext.get() is None
+        assert _driver_run_files() == files  # its file removed
         assert bound.collected(doubled).read_on_driver == 3
 
 

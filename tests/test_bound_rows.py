@@ -313,9 +313,19 @@ def test_statements_the_driver_cannot_run_alone_run_as_jobs(spark, binder):
             assert found.table.column("v").to_pylist() == ["A", "B", "A"]
             literal = spark.sql("SELECT * FROM VALUES (1, 'x'), (2, 'y') AS t(e, v) WHERE e > 1")
             assert bound.collected(literal) == (literal.toArrow(), 0)
+            # a limit over several partitions gathers them through a shuffle of its own
+            rows = ", ".join(f"({i}L)" for i in range(40))
+            spark.sql(f"SELECT * FROM VALUES {rows} AS t(e)").createOrReplaceTempView("factflow_test_rows_view")
+            for text in ("SELECT x FROM (SELECT explode(sequence(0, e)) AS x FROM factflow_test_rows_view) LIMIT 30",
+                         "SELECT e FROM factflow_test_rows_view ORDER BY e DESC LIMIT 3"):
+                frame = spark.sql(text)
+                found = bound.collected(frame)
+                assert found.read_on_driver is None, text
+                assert found.table.num_rows == frame.toArrow().num_rows == (30 if "explode" in text else 3), text
         finally:
             spark.conf.set("spark.sql.shuffle.partitions", before)
             drop_view(spark, "factflow_test_range_view")
+            drop_view(spark, "factflow_test_rows_view")
 
 
 def test_a_python_function_mapped_over_bound_rows_runs_in_a_python_worker_of_the_driver(spark, binder):

@@ -110,8 +110,14 @@ def test_a_small_load_is_checked_and_fetched_by_one_job(spark, way):
         assert facts == _expected()
         db.load(frame.where("id = 3"), entity="id", attributes=COLUMNS, added=False)
         assert facts == {f for f in _expected() if f[0] != 3}
+        assert not _load_views(spark)
     finally:
         db.close()
+
+
+def _load_views(spark) -> list[str]:
+    """The temp views a load registered and did not drop."""
+    return [t.name for t in spark.catalog.listTables() if t.isTemporary and t.name.startswith(("ff_load", "ff_table"))]
 
 
 @pytest.mark.parametrize("way", sorted(PATHS))
@@ -184,8 +190,12 @@ def test_tables_loaded_together_arrive_and_leave_in_one_epoch(spark):
     lines = Table("lines", key=("l_order", "l_number"), references={"l_order": Reference("orders", ("l_order",))})
     order_rows = pd.DataFrame({"o_key": [1, 2], "note": ["rush", "slow"]})
     line_rows = pd.DataFrame({"l_order": [1, 1, 2], "l_number": [1, 2, 1], "note": ["a", "b", "c"]})
+    tracker = spark.sparkContext.statusTracker()
     with Engine(spark=spark) as db:
+        before = len(tracker.getJobIdsForGroup("factflow-load"))
         load_tables(db, [(order_rows, orders), (line_rows, lines)])  # creates the attributes
+        # few rows of pandas frames are written into the load's statement, which the driver runs
+        assert len(tracker.getJobIdsForGroup("factflow-load")) == before
         q = db.query("[:find ?o ?l ?n :where [?x :lines/l_order ?y] [?y :orders/o_key ?o] "
                      "[?y :orders/note ?n] [?x :lines/l_number ?l]]", name="lines-of-orders")
         epochs = []
@@ -202,3 +212,11 @@ def test_tables_loaded_together_arrive_and_leave_in_one_epoch(spark):
         with pytest.raises(LoadError, match="orders given twice"):
             load_tables(db, [(order_rows, orders), (order_rows, orders)])
         assert db.epoch == before + 1
+        # a Spark DataFrame beside a pandas frame too large to write inline: the same entities
+        many = pd.DataFrame({"l_order": [3] * 100, "l_number": range(100), "note": ["x"] * 100})
+        load_tables(db, [(spark.createDataFrame(pd.DataFrame({"o_key": [3], "note": ["bulk"]})), orders),
+                         (many, lines)])
+        assert len(q.results()) == 102
+        load_tables(db, [(many, lines)], added=False)
+        assert sorted(q.results()) == [(1, 1, "rush"), (1, 2, "rush")]
+        assert not _load_views(spark)

@@ -56,7 +56,7 @@ from factflow.model.frames import in_session
 from factflow.model.schema import Attribute, Schema
 from factflow.dataflow.context import EpochContext
 from factflow.dataflow.statement import Statement
-from factflow.model.types import FRACTIONAL_TYPES, Kind, coerce_value, kind_of_type, python_type_name, spark_type, sql_type, typed_column
+from factflow.model.types import FRACTIONAL_TYPES, Kind, coerce_value, kind_of_type, python_type_name, spark_type, sql_type, typed_sql
 from factflow.text import plural
 
 __all__ = ["PreparedTransaction", "WideOps", "WideFrame", "prepare", "read_ops", "read_wide", "combine", "effective_changes", "changes_relation", "fact_operations", "format_errors", "SLOT", "TX_SCHEMA", "ERR"]
@@ -458,7 +458,7 @@ def _from_spark(tx: DataFrame, schema: Schema, spark: SparkSession, small: bool)
             raise TransactionError(f"transaction DataFrame, {_locate(tx, name_col == name, small)}: {exc}") from exc
     added = F.col("added").try_cast("boolean") if "added" in tx.columns else F.lit(True)
     a_id = _per_attribute(name_col, attributes, lambda at: at.id)
-    entity = typed_column(F.col("e"), tx.schema["e"].dataType, "ref")  # NULL where not an integer id: reported
+    entity = F.expr(typed_sql("e", tx.schema["e"].dataType, "ref"))  # NULL where not an integer id: reported
     exprs = [a_id.cast("int").alias("a"), entity.alias("e"),
              F.when(added.isNull(), F.lit(None)).when(added, F.lit(1)).otherwise(F.lit(-1)).cast("int").alias("op")]
     v = F.col("v")

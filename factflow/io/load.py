@@ -4,7 +4,7 @@
 reads ``path`` with ``spark.read.format(format).options(**options).load(path)`` (or takes a
 Spark DataFrame given instead of a path), converts the
 entity column to entity ids and each mapped column to its attribute's type
-(:func:`~factflow.model.types.typed_column`), and checks every conversion: a value that does not
+(:func:`~factflow.model.types.typed_sql`), and checks every conversion: a value that does not
 convert rejects the load (:class:`LoadError` naming the attribute, the column, how many
 rows, and an example value with its entity), as does a missing or non-integer entity id
 (naming an example). Rows are named by their entity, not by their position: a source
@@ -16,11 +16,15 @@ value in the column of its type), which one :meth:`Engine.transact` applies with
 converting or checking the values again: one epoch, all or nothing. ``added=False``
 retracts the facts instead (a table's rows removed by the rows themselves).
 
-A load costs Spark jobs, not driver work per value. A small one (at most
-``EngineConfig.local_limit`` facts and rows: an order with its line items) is checked and
-fetched to the driver in one job, then applied as a small transaction (one more job
-computes its effective changes). A larger one costs that job (which stops at the limit),
-the check over all rows, one pass computing the effective changes of every attribute at
+A load costs Spark jobs, not driver work per value, and few calls into Spark: the rows'
+conversion, check and unpivot are SQL text over the source (a temp view, or for
+:mod:`factflow.io.tables`' small pandas frames the rows written inline), not columns built
+a function at a time. A small one (at most ``EngineConfig.local_limit`` facts and rows: an
+order with its line items) is checked and fetched to the driver in one statement, then
+applied as a small transaction; a statement over rows the driver holds (a pandas frame's)
+runs there without a Spark job (:func:`~factflow.arrangement.bound.collected`), one over
+a Spark source runs one job. A larger one costs that job (which stops at the limit), the
+check over all rows, one pass computing the effective changes of every attribute at
 once, and one job per attribute arranging its changes (``benchmarks/tpch_stream.py``
 measures it on TPC-H's tables).
 """
@@ -34,21 +38,23 @@ from typing import TYPE_CHECKING, Mapping, Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.errors import AnalysisException
-from pyspark.sql import Column, DataFrame
-from pyspark.sql import functions as F
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
+from factflow.arrangement.bound import collected
+from factflow.arrangement.views import drop_view, register_view
 from factflow.engine.session import label_jobs
 from factflow.engine.transaction import SLOT, TX_SCHEMA, WideFrame, WideOps
 from factflow.errors import LoadError, UnknownAttributeError
+from factflow.model.frames import in_session
 from factflow.model.schema import Attribute
-from factflow.model.types import Kind, ident, sql_type, typed_column
+from factflow.model.types import Kind, ident, sql_type, typed_sql
 from factflow.text import plural
 
 if TYPE_CHECKING:  # pragma: no cover
     from factflow.engine.engine import Engine
 
-__all__ = ["LoadReport", "load"]
+__all__ = ["LoadReport", "load", "load_relation"]
 
 #: columns of the frame :func:`load` checks and unpivots: the entity id as given and as
 #: converted, and per mapped column ``i`` its value as given and as converted (SQL text over
@@ -68,11 +74,24 @@ class LoadReport:
     seconds: float
 
 
-def _column(frame: DataFrame, name: str, path: str) -> tuple[Column, T.DataType]:
-    """The column called ``name`` (dots and all) and its type; LoadError if there is none."""
-    if name not in frame.columns:
-        raise LoadError(f"load {path}: no column {name!r} (columns: {', '.join(frame.columns)})")
-    return F.col(ident(name)), frame.schema[name].dataType
+def _column(schema: T.StructType, name: str, path: str) -> tuple[str, T.DataType]:
+    """The column called ``name`` (dots and all) as SQL, and its type; LoadError if there is none."""
+    if name not in schema.names:
+        raise LoadError(f"load {path}: no column {name!r} (columns: {', '.join(schema.names)})")
+    return ident(name), schema[name].dataType
+
+
+def _resolved(db: "Engine", attributes: Mapping[str, str] | None, what: str) -> list[tuple[Attribute, str]]:
+    """``attributes`` (``{attribute: column}``) with each attribute looked up in the schema."""
+    if not attributes:
+        raise LoadError(f"load {what}: no attributes given (map attribute names to columns)")
+    resolved = []
+    for name, column in attributes.items():
+        try:
+            resolved.append((db.schema.get(name), column))
+        except UnknownAttributeError as exc:
+            raise LoadError(f"load {what}: {exc}") from exc
+    return resolved
 
 
 def load(db: "Engine", path: str | Sequence[str] | DataFrame, format: str = "csv", entity: str = "id",
@@ -85,14 +104,7 @@ def load(db: "Engine", path: str | Sequence[str] | DataFrame, format: str = "csv
     started = time.perf_counter()
     spark = db.spark
     what = "a DataFrame" if isinstance(path, DataFrame) else path
-    if not attributes:
-        raise LoadError(f"load {what}: no attributes given (map attribute names to columns)")
-    resolved = []
-    for name, column in attributes.items():
-        try:
-            resolved.append((db.schema.get(name), column))
-        except UnknownAttributeError as exc:
-            raise LoadError(f"load {what}: {exc}") from exc
+    _resolved(db, attributes, what)  # an unknown attribute is refused before anything is read
     label_jobs(spark.sparkContext, "factflow-load", f"factflow load {what}")
     if isinstance(path, DataFrame):
         frame = path
@@ -101,18 +113,38 @@ def load(db: "Engine", path: str | Sequence[str] | DataFrame, format: str = "csv
             frame = spark.read.format(format).options(**{k: str(v) for k, v in (options or {}).items()}).load(path)
         except AnalysisException as exc:
             raise LoadError(f"load {path}: Spark cannot read it as {format}: {str(exc).splitlines()[0]}") from None
-    raw_e, e_type = _column(frame, entity, what)
-    columns = [raw_e.alias(_RAW_ENTITY), typed_column(raw_e, e_type, "ref").alias(_ENTITY)]
+    view = register_view(in_session(frame, spark), "ff_load")
+    try:
+        return load_relation(db, view, frame.schema, what, entity, attributes, added, started)
+    finally:
+        drop_view(spark, view)
+
+
+def load_relation(db: "Engine", relation: str, schema: T.StructType, what: str, entity: str,
+                  attributes: Mapping[str, str], added: bool = True, started: float | None = None,
+                  inline_rows: int | None = None) -> LoadReport:
+    """:func:`load` of the rows of ``relation`` (SQL: a view's name or a parenthesized
+    subquery) of Spark schema ``schema``, named ``what`` in errors; ``started`` (a
+    ``time.perf_counter()``) is when the load began, for its report. ``inline_rows``: how
+    many rows the relation has when they are written into it (then a small load's fetch
+    needs no limit, and runs on the driver without a Spark job)."""
+    started = time.perf_counter() if started is None else started
+    spark = db.spark
+    resolved = _resolved(db, attributes, what)
+    label_jobs(spark.sparkContext, "factflow-load", f"factflow load {what}")
+    raw_e, e_type = _column(schema, entity, what)
+    columns = [f"{raw_e} AS {_RAW_ENTITY}", f"{typed_sql(raw_e, e_type, 'ref')} AS {_ENTITY}"]
     for i, (attribute, name) in enumerate(resolved):
-        raw, source = _column(frame, name, what)
-        columns += [raw.alias(f"{_RAW}{i}"), typed_column(raw, source, attribute.value_type).alias(f"{_TYPED}{i}")]
-    typed = frame.select(*columns)
+        raw, source = _column(schema, name, what)
+        columns += [f"{raw} AS {_RAW}{i}", f"{typed_sql(raw, source, attribute.value_type)} AS {_TYPED}{i}"]
+    typed = f"(SELECT {', '.join(columns)} FROM {relation})"
     attributes_loaded = [a for a, _ in resolved]
     spark.sparkContext.setJobDescription(f"load {what}: check and fetch {plural(len(resolved), 'column')} if small")
-    fetched = _fetch_if_small(typed, attributes_loaded, added, db.config.local_limit)
+    bounded = inline_rows is not None and inline_rows * (len(resolved) + 1) <= db.config.local_limit
+    fetched = _fetch_if_small(spark, typed, attributes_loaded, added, None if bounded else db.config.local_limit)
     if fetched is None:
         spark.sparkContext.setJobDescription(f"load {what}: check {plural(len(resolved), 'column')}")
-        summary = typed.selectExpr(*_checks(len(resolved))).first()
+        summary = spark.sql(f"SELECT {', '.join(_checks(len(resolved)))} FROM {typed}").first()
     else:
         summary = _summary(fetched, len(resolved))
     if summary["e_bad"]:
@@ -126,7 +158,7 @@ def load(db: "Engine", path: str | Sequence[str] | DataFrame, format: str = "csv
         raise LoadError(f"load {what} rejected, nothing applied: {'; '.join(errors)}")
     facts = {str(a.name): summary[f"n{i}"] for i, (a, _) in enumerate(resolved)}
     if fetched is None:
-        tx: WideFrame | WideOps = WideFrame(_wide(typed, attributes_loaded, added), attributes_loaded,
+        tx: WideFrame | WideOps = WideFrame(spark.sql(_wide(typed, attributes_loaded, added)), attributes_loaded,
                                             sum(facts.values()))
     else:
         cells = fetched.filter(pc.equal(fetched.column("k"), _FACT)).select(TX_SCHEMA.names)
@@ -153,12 +185,16 @@ def _checks(columns: int) -> list[str]:
 _FACT, _BAD, _ROW = 0, 1, 2
 
 
-def _fetch_if_small(typed: DataFrame, attributes: list[Attribute], added: bool, local_limit: int) -> pa.Table | None:
-    """:func:`load`'s check and its facts in one job, when they are few: per source row one
+def _fetch_if_small(spark: SparkSession, typed: str, attributes: list[Attribute], added: bool,
+                    local_limit: int | None) -> pa.Table | None:
+    """:func:`load`'s check and its facts in one statement (``typed``: SQL of the converted
+    rows), when they are few (``local_limit`` None: they are known to be): per source row one
     row of kind ``_ROW`` (``raw``: the entity as given when it did not convert), per cell one
     of kind ``_FACT`` (in the transaction's wide form, see :func:`_wide`) or ``_BAD`` (``i``
     the column's position, ``raw`` the value as given). None when there are more than
-    ``local_limit`` such rows: then the check and the facts stay in Spark."""
+    ``local_limit`` such rows: then the check and the facts stay in Spark. (A statement
+    with a limit runs as a Spark job even over rows the driver holds: Spark gathers the
+    limited partitions through a shuffle.)"""
     def cell(kind: int, i: int, aid: int, value_kind: Kind | None, raw: str) -> str:
         return (f"named_struct('k', {kind}, 'i', {i}, 'a', CAST({aid} AS INT), {_value_slots(i, value_kind)}, "
                 f"'raw', CAST({raw} AS STRING))")
@@ -168,7 +204,10 @@ def _fetch_if_small(typed: DataFrame, attributes: list[Attribute], added: bool, 
              for i, a in enumerate(attributes)]
     cells.append(cell(_ROW, -1, 0, None, f"CASE WHEN {_ENTITY} IS NULL THEN coalesce(CAST({_RAW_ENTITY} AS STRING), "
                                          "'null') END"))
-    table = _unpivot(typed, cells, added, ("k", "i", "raw")).limit(local_limit + 1).toArrow()
+    text = _unpivot(typed, cells, added, ("k", "i", "raw"))
+    if local_limit is None:
+        return collected(spark.sql(text)).table
+    table = collected(spark.sql(f"{text} LIMIT {local_limit + 1}")).table
     return table if table.num_rows <= local_limit else None
 
 
@@ -191,21 +230,23 @@ def _summary(fetched: pa.Table, columns: int) -> dict:
     return summary
 
 
-def _wide(typed: DataFrame, attributes: list[Attribute], added: bool) -> DataFrame:
-    """The facts of :func:`load`'s typed frame in the transaction's wide form: per row, one
-    row per non-NULL typed cell, with its attribute's id and the value in the column of its kind."""
+def _wide(typed: str, attributes: list[Attribute], added: bool) -> str:
+    """SQL of the facts of :func:`load`'s converted rows (``typed``) in the transaction's wide
+    form: per row, one row per non-NULL typed cell, with its attribute's id and the value in
+    the column of its kind."""
     cells = [f"CASE WHEN {_TYPED}{i} IS NOT NULL THEN named_struct('a', CAST({attribute.id} AS INT), "
              f"{_value_slots(i, attribute.kind)}) END" for i, attribute in enumerate(attributes)]
     return _unpivot(typed, cells, added)
 
 
-def _unpivot(typed: DataFrame, cells: list[str], added: bool, extra: Sequence[str] = ()) -> DataFrame:
-    """One row per non-NULL ``cells`` (SQL of a ``named_struct`` with ``a``, the value slots
-    and ``extra`` fields) of each row of :func:`load`'s typed frame: the wide form's columns
-    (``a``, ``e``, ``op``, the value slots), then ``extra``."""
-    return (typed.selectExpr(f"{_ENTITY} AS e", f"explode(array_compact(array({', '.join(cells)}))) AS f")
-            .selectExpr("f.a", "e", f"CAST({1 if added else -1} AS INT) AS op", *(f"f.{SLOT[k]}" for k in Kind),
-                        *(f"f.{name}" for name in extra)))
+def _unpivot(typed: str, cells: list[str], added: bool, extra: Sequence[str] = ()) -> str:
+    """SQL of one row per non-NULL ``cells`` (SQL of a ``named_struct`` with ``a``, the value
+    slots and ``extra`` fields) of each of :func:`load`'s converted rows (``typed``): the
+    wide form's columns (``a``, ``e``, ``op``, the value slots), then ``extra``."""
+    fields = ["f.a", "e", f"CAST({1 if added else -1} AS INT) AS op", *(f"f.{SLOT[k]}" for k in Kind),
+              *(f"f.{name}" for name in extra)]
+    return (f"SELECT {', '.join(fields)} FROM (SELECT {_ENTITY} AS e, "
+            f"explode(array_compact(array({', '.join(cells)}))) AS f FROM {typed})")
 
 
 def _value_slots(i: int, kind: Kind | None) -> str:

@@ -30,18 +30,18 @@ a table costs what a load costs:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import reduce
 from typing import TYPE_CHECKING, Mapping, Sequence
 
 import pandas as pd
-from pyspark.sql import Column, DataFrame
-from pyspark.sql import functions as F
+from pyspark.sql import DataFrame
 from pyspark.sql import types as T
 
+from factflow.arrangement.views import drop_view, register_view
+from factflow.dataflow.zset import literal
 from factflow.errors import LoadError, SchemaError
-from factflow.io.load import LoadReport
-from factflow.model.frames import spark_frame
-from factflow.model.types import FRACTIONAL_TYPES, INTEGRAL_TYPES, ident
+from factflow.io.load import LoadReport, load_relation
+from factflow.model.frames import INLINE_ROWS, in_session, pandas_schema, spark_frame, values_sql
+from factflow.model.types import FRACTIONAL_TYPES, INTEGRAL_TYPES, Kind, ident
 
 if TYPE_CHECKING:  # pragma: no cover
     from factflow.engine.engine import Engine
@@ -81,19 +81,19 @@ class Table:
         return f":{self.name}/{column}"
 
 
-def entity_id(table: str, columns: Sequence[Column]) -> Column:
-    """The entity id of the row of ``table`` whose key has the values ``columns`` (a Spark
-    column: ``xxhash64`` of the table's name and the key, see the module docstring); NULL
-    when a part of the key is."""
-    missing = reduce(lambda a, b: a | b, (c.isNull() for c in columns))
-    return F.when(~missing, F.xxhash64(F.lit(table), *columns))
+def entity_id(table: str, parts: Sequence[str]) -> str:
+    """SQL of the entity id of the row of ``table`` whose key has the values ``parts`` (SQL
+    expressions): ``xxhash64`` of the table's name and the key, see the module docstring;
+    NULL when a part of the key is."""
+    missing = " OR ".join(f"{part} IS NULL" for part in parts)
+    return f"CASE WHEN NOT ({missing}) THEN xxhash64({literal(table, Kind.STRING)}, {', '.join(parts)}) END"
 
 
-def _key_part(frame: DataFrame, column: str) -> Column:
-    """A key column as it is hashed: integers as BIGINT, anything else as text."""
-    if isinstance(frame.schema[column].dataType, INTEGRAL_TYPES):
-        return F.col(column).cast("long")
-    return F.col(column).cast("string")
+def _key_part(schema: T.StructType, column: str) -> str:
+    """SQL of a key column as it is hashed: integers as BIGINT, anything else as text."""
+    if isinstance(schema[column].dataType, INTEGRAL_TYPES):
+        return f"CAST({ident(column)} AS BIGINT)"
+    return f"CAST({ident(column)} AS STRING)"
 
 
 def _value_type(data_type: T.DataType, where: str) -> str:
@@ -155,11 +155,10 @@ def create_table(db: "Engine", table: Table, schema: T.StructType) -> dict[str, 
 def load_table(db: "Engine", source: str | Sequence[str] | DataFrame | pd.DataFrame, table: Table,
                format: str = "parquet", options: Mapping[str, str] | None = None, added: bool = True) -> LoadReport:
     """Apply the rows of ``source`` (files read with Spark's ``format`` reader, a Spark
-    DataFrame or a pandas frame) as facts of ``table`` in one epoch, through
-    :meth:`Engine.load`; its attributes are created first when missing
-    (:func:`create_table`). ``added=False`` retracts the rows' facts."""
-    frame, columns = _facts(db, source, table, format, options)
-    return db.load(frame, entity=_ENTITY, attributes=columns, added=added)
+    DataFrame or a pandas frame) as facts of ``table`` in one epoch, as :meth:`Engine.load`
+    applies a source; its attributes are created first when missing (:func:`create_table`).
+    ``added=False`` retracts the rows' facts."""
+    return load_tables(db, [(source, table)], format, options, added)
 
 
 def load_tables(db: "Engine", sources: Sequence[tuple[str | Sequence[str] | DataFrame | pd.DataFrame, Table]],
@@ -174,41 +173,79 @@ def load_tables(db: "Engine", sources: Sequence[tuple[str | Sequence[str] | Data
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
         raise LoadError(f"load_tables: table {', '.join(twice)} given twice (union its rows into one source)")
-    parts, attributes = [], {}
-    for i, (source, table) in enumerate(sources):
-        frame, columns = _facts(db, source, table, format, options)
-        aliases = {column: f"__t{i}_{n}" for n, column in enumerate(dict.fromkeys(columns.values()))}
-        parts.append(frame.select(F.col(_ENTITY), *[F.col(ident(c)).alias(a) for c, a in aliases.items()]))
-        attributes.update({attribute: aliases[column] for attribute, column in columns.items()})
-    frame = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), parts)
-    return db.load(frame, entity=_ENTITY, attributes=attributes, added=added)
+    views: list[str] = []
+    try:
+        facts = [_facts(db, source, table, format, options, views) for source, table in sources]
+        if len(facts) == 1:
+            relation, schema, attributes = facts[0]
+        else:
+            relation, schema, attributes = _union(facts)
+        what = ", ".join(f"table {table.name}" for _, table in sources)
+        inline = None if views else sum(len(source) for source, _ in sources)
+        return load_relation(db, relation, schema, what, _ENTITY, attributes, added, inline_rows=inline)
+    finally:
+        for view in views:
+            drop_view(db.spark, view)
 
 
 def _facts(db: "Engine", source: str | Sequence[str] | DataFrame | pd.DataFrame, table: Table, format: str,
-           options: Mapping[str, str] | None) -> tuple[DataFrame, dict[str, str]]:
-    """The rows of ``source`` with their entity id (column ``_ENTITY``) and reference ids
-    added, and the column each attribute of ``table`` takes its values from; the table's
-    attributes are created first when missing."""
+           options: Mapping[str, str] | None, views: list[str]) -> tuple[str, T.StructType, dict[str, str]]:
+    """The rows of ``source`` as SQL (a parenthesized subquery) with their entity id (column
+    ``_ENTITY``), reference ids and the table's columns, its schema, and the column each
+    attribute of ``table`` takes its values from; the table's attributes are created first
+    when missing. A pandas frame of at most :data:`INLINE_ROWS` rows is written into the
+    text; any other source is read through a temp view, appended to ``views``."""
     spark = db.spark
-    if isinstance(source, pd.DataFrame):
-        frame = spark_frame(spark, source)
-    elif isinstance(source, DataFrame):
-        frame = source
+    if isinstance(source, pd.DataFrame) and len(source) <= INLINE_ROWS:
+        schema = pandas_schema(source)
+        rows = values_sql(source, schema)
     else:
-        frame = spark.read.format(format).options(**{k: str(v) for k, v in (options or {}).items()}).load(source)
-    create_table(db, table, frame.schema)
+        if isinstance(source, pd.DataFrame):
+            frame = spark_frame(spark, source)
+        elif isinstance(source, DataFrame):
+            frame = in_session(source, spark)
+        else:
+            frame = spark.read.format(format).options(**{k: str(v) for k, v in (options or {}).items()}).load(source)
+        schema = frame.schema
+        rows = register_view(frame, "ff_table")
+        views.append(rows)
+    create_table(db, table, schema)
     columns, ids = {}, {}
-    for column in _columns(table, frame.schema):
+    for column in _columns(table, schema):
         reference = table.references.get(column)
         if reference is not None and reference.columns == (column,):
-            ids[f"__ref_{column}"] = entity_id(reference.table, [_key_part(frame, column)])
+            ids[f"__ref_{column}"] = entity_id(reference.table, [_key_part(schema, column)])
             columns[table.attribute(column)] = f"__ref_{column}"
         else:
             columns[table.attribute(column)] = column
     for name, reference in table.references.items():
         if reference.columns != (name,):
-            ids[f"__ref_{name}"] = entity_id(reference.table, [_key_part(frame, c) for c in reference.columns])
+            ids[f"__ref_{name}"] = entity_id(reference.table, [_key_part(schema, c) for c in reference.columns])
             columns[table.attribute(name)] = f"__ref_{name}"
-    ids[_ENTITY] = entity_id(table.name, [_key_part(frame, c) for c in table.key])
-    frame = frame.withColumns(ids)  # one projection: each withColumn is analysed on its own
-    return frame, columns
+    ids[_ENTITY] = entity_id(table.name, [_key_part(schema, c) for c in table.key])
+    plain = list(dict.fromkeys(c for c in columns.values() if c not in ids))
+    selected = [f"{expr} AS {ident(name)}" for name, expr in ids.items()] + [ident(c) for c in plain]
+    fields = [T.StructField(name, T.LongType()) for name in ids] + [schema[c] for c in plain]
+    return f"(SELECT {', '.join(selected)} FROM {rows})", T.StructType(fields), columns
+
+
+def _union(facts: Sequence[tuple[str, T.StructType, dict[str, str]]]) -> tuple[str, T.StructType, dict[str, str]]:
+    """Several tables' :func:`_facts` as one relation: the entity column, then each table's
+    columns under a name of their own (NULL in the other tables' rows)."""
+    aliased = []  # per table: {column: alias}
+    fields = [T.StructField(_ENTITY, T.LongType())]
+    attributes = {}
+    for i, (_, schema, columns) in enumerate(facts):
+        aliases = {column: f"__t{i}_{n}" for n, column in enumerate(dict.fromkeys(columns.values()))}
+        aliased.append(aliases)
+        fields += [T.StructField(alias, schema[column].dataType) for column, alias in aliases.items()]
+        attributes.update({attribute: aliases[column] for attribute, column in columns.items()})
+    parts = []
+    for i, (relation, _, _) in enumerate(facts):
+        cells = [ident(_ENTITY)]
+        for j, aliases in enumerate(aliased):
+            for column, alias in aliases.items():
+                value = ident(column) if i == j else f"CAST(NULL AS {facts[j][1][column].dataType.simpleString()})"
+                cells.append(f"{value} AS {alias}")
+        parts.append(f"SELECT {', '.join(cells)} FROM {relation}")
+    return f"({' UNION ALL '.join(parts)})", T.StructType(fields), attributes

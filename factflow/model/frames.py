@@ -33,7 +33,7 @@ from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
 from factflow.model.types import ident
 
-__all__ = ["spark_frame", "arrow_table", "values_sql", "in_session", "consolidated", "INLINE_ROWS", "LOCAL_RELATION_CELLS"]
+__all__ = ["spark_frame", "pandas_schema", "arrow_table", "values_sql", "in_session", "consolidated", "INLINE_ROWS", "LOCAL_RELATION_CELLS"]
 
 #: Driver-side relations of at most this many rows enter statements as inline tables
 #: (:func:`values_sql`). On this project's 2-core machine (``benchmarks/inline_relations.py``),
@@ -64,11 +64,8 @@ def spark_frame(spark: SparkSession, frame: pd.DataFrame, schema: T.StructType |
     frame of more than :data:`LOCAL_RELATION_CELLS` cells is read from an RDD (see the
     module docstring).
     """
-    if schema is None:
-        table = pa.Table.from_pandas(frame, preserve_index=False)
-        schema = from_arrow_schema(table.schema, prefer_timestamp_ntz=True)
-    else:
-        table = arrow_table(frame, schema)
+    schema = pandas_schema(frame) if schema is None else schema
+    table = arrow_table(frame, schema)
     if table.num_rows * max(table.num_columns, 1) <= LOCAL_RELATION_CELLS:
         return spark.createDataFrame(table, schema=schema)
     # Session settings, read while the frame is created: no LocalRelation, and one Arrow
@@ -87,6 +84,12 @@ def spark_frame(spark: SparkSession, frame: pd.DataFrame, schema: T.StructType |
                 conf.unset(key)
             else:
                 conf.set(key, value)
+
+
+def pandas_schema(frame: pd.DataFrame) -> T.StructType:
+    """The Spark schema of ``frame``'s columns, typed as Arrow converts them (naive
+    timestamps as ``TIMESTAMP_NTZ``)."""
+    return from_arrow_schema(pa.Schema.from_pandas(frame, preserve_index=False), prefer_timestamp_ntz=True)
 
 
 def values_sql(frame: pd.DataFrame, schema: T.StructType) -> str:

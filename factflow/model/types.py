@@ -14,12 +14,10 @@ import math
 from enum import Enum
 from typing import Any
 
-from pyspark.sql import Column
-from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 __all__ = ["Kind", "VALUE_TYPES", "INTEGRAL_TYPES", "FRACTIONAL_TYPES", "kind_of_type", "spark_type", "sql_type", "coerce_value", "kind_of_python_value",
-           "python_type_name", "INT64_MIN", "INT64_MAX", "to_utc_naive", "from_utc_naive", "ident", "typed_column"]
+           "python_type_name", "INT64_MIN", "INT64_MAX", "to_utc_naive", "from_utc_naive", "ident", "typed_sql"]
 
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
@@ -185,31 +183,33 @@ INTEGRAL_TYPES = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
 FRACTIONAL_TYPES = (T.FloatType, T.DoubleType, T.DecimalType)
 
 
-def typed_column(column: Column, source: T.DataType, value_type: str) -> Column:
-    """``column`` (of Spark type ``source``) converted to ``value_type``; NULL where a value
-    does not convert. Text is parsed as Spark's ``try_cast`` does; a number never comes from a
-    boolean, a long or ref only from an integral value; an instant comes from a timestamp or
-    date, from an integer or a text of digits (milliseconds since the epoch, as LDBC writes
-    them) or from an ISO-8601 text (UTC); a double is never NaN."""
+def typed_sql(expr: str, source: T.DataType, value_type: str) -> str:
+    """SQL of ``expr`` (of Spark type ``source``) converted to ``value_type``; NULL where a
+    value does not convert. Text is parsed as Spark's ``try_cast`` does; a number never comes
+    from a boolean, a long or ref only from an integral value; an instant comes from a
+    timestamp or date, from an integer or a text of digits (milliseconds since the epoch, as
+    LDBC writes them) or from an ISO-8601 text (UTC); a double is never NaN. (SQL text, not
+    a ``Column``: building a column costs a call into Spark per function, and a load of a
+    few rows spent most of its time there.)"""
     kind = kind_of_type(value_type)
-    target = spark_type(kind)
+    target = sql_type(kind)
     if kind is Kind.STRING:
-        return column.cast(target)
+        return f"CAST({expr} AS {target})"
     if isinstance(source, T.BooleanType) and kind is not Kind.BOOLEAN:
-        return F.lit(None).cast(target)
+        return f"CAST(NULL AS {target})"
     if kind is Kind.INSTANT:
         if isinstance(source, (T.TimestampType, T.TimestampNTZType, T.DateType)):
-            return column.cast(target)
+            return f"CAST({expr} AS {target})"
         if isinstance(source, INTEGRAL_TYPES):
-            return F.timestamp_millis(column).cast(target)
+            return f"CAST(timestamp_millis({expr}) AS {target})"
         if isinstance(source, T.StringType):
-            text = F.trim(column)
-            return F.when(text.rlike(r"^-?[0-9]+$"), F.timestamp_millis(text.try_cast("long")).cast(target)) \
-                .otherwise(text.try_cast(target))
-        return F.lit(None).cast(target)
-    typed = column.try_cast(target)
+            text = f"trim({expr})"
+            return (f"CASE WHEN {text} RLIKE '^-?[0-9]+$' THEN CAST(timestamp_millis(try_cast({text} AS BIGINT)) "
+                    f"AS {target}) ELSE try_cast({text} AS {target}) END")
+        return f"CAST(NULL AS {target})"
+    typed = f"try_cast({expr} AS {target})"
     if kind is Kind.LONG and isinstance(source, FRACTIONAL_TYPES):
-        typed = F.when(typed.cast(source) == column, typed)
+        typed = f"CASE WHEN CAST({typed} AS {source.simpleString()}) = {expr} THEN {typed} END"
     if kind is Kind.DOUBLE:
-        typed = F.when(~F.isnan(typed), typed)
+        typed = f"CASE WHEN NOT isnan({typed}) THEN {typed} END"
     return typed

@@ -73,7 +73,8 @@ public final class DriverRun {
   /**
    * The rows of {@code frame} computed in this JVM, written to a new file under
    * {@code directory}; null when its plan reads anything but bound and literal rows, or
-   * needs an exchange, a subquery or Python other than {@code mapInArrow}.
+   * needs an exchange (its own, as a limit over several partitions has), a subquery or Python
+   * other than {@code mapInArrow}.
    */
   public static Collected collect(Dataset<Row> frame, String directory) throws IOException, SparkException {
     SparkPlan plan = frame.queryExecution().executedPlan();
@@ -173,8 +174,9 @@ public final class DriverRun {
     if (name.contains("Exchange") || name.contains("Adaptive") || name.contains("Python")
         || name.contains("Arrow") || name.contains("InPandas") || name.contains("InBatch")
         || name.contains("QueryStage") || name.contains("Subquery") || name.contains("Cache")
-        || name.contains("InMemory")) {
-      return false;
+        || name.contains("InMemory") || name.contains("CollectLimit") || name.contains("CollectTail")
+        || name.contains("TakeOrdered")) {
+      return false;  // the last three gather their child's partitions through a shuffle of their own
     }
     if (plan.children().isEmpty()) {
       if (plan instanceof LocalTableScanExec) {

@@ -194,7 +194,7 @@ def test_tables_loaded_together_arrive_and_leave_in_one_epoch(spark):
     with Engine(spark=spark) as db:
         before = len(tracker.getJobIdsForGroup("factflow-load"))
         load_tables(db, [(order_rows, orders), (line_rows, lines)])  # creates the attributes
-        # few rows of pandas frames are written into the load's statement, which the driver runs
+        # few rows of pandas frames are bound to slots of the load's statement, which the driver runs
         assert len(tracker.getJobIdsForGroup("factflow-load")) == before
         q = db.query("[:find ?o ?l ?n :where [?x :lines/l_order ?y] [?y :orders/o_key ?o] "
                      "[?y :orders/note ?n] [?x :lines/l_number ?l]]", name="lines-of-orders")
@@ -220,3 +220,8 @@ def test_tables_loaded_together_arrive_and_leave_in_one_epoch(spark):
         load_tables(db, [(many, lines)], added=False)
         assert sorted(q.results()) == [(1, 1, "rush"), (1, 2, "rush")]
         assert not _load_views(spark)
+        # tables of the shape loaded first (rows bound, not written into the text): its plan again
+        reused = db._state.load_binder.reused
+        load_tables(db, [(order_rows[order_rows.o_key == 2], orders), (line_rows[line_rows.l_order == 2], lines)])
+        assert db._state.load_binder.reused == reused + 1
+        assert sorted(q.results()) == [(1, 1, "rush"), (1, 2, "rush"), (2, 1, "slow")]

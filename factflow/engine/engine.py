@@ -25,7 +25,7 @@ import shutil
 import tempfile
 import threading
 import uuid
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, ContextManager, Sequence
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
@@ -392,6 +392,13 @@ class Engine:
         :mod:`factflow.io.load`; relational tables: :mod:`factflow.io.tables`."""
         self._check_open()
         return load(self, path, format, entity, attributes, options, added)
+
+    def loading(self) -> ContextManager[None]:
+        """The block :mod:`factflow.io.tables` loads rows in: one load at a time, the small
+        frames' rows bound for statements whose plans the engine keeps (see
+        :meth:`EngineState.loading <factflow.engine.state.EngineState.loading>`)."""
+        self._check_open()
+        return self._state.loading()
 
     def ingest(self, stream: DataFrame, source: str, checkpoint: str, on_error: str = "skip",
                trigger: dict[str, Any] | None = None) -> StreamingQuery:

@@ -15,8 +15,10 @@ latest closed epoch. An epoch first appends its changes past that epoch (see
 
 from __future__ import annotations
 
+import threading
+from contextlib import contextmanager
 from functools import partial
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 import pandas as pd
 from pyspark.sql import SparkSession
@@ -51,7 +53,8 @@ class EngineState:
     the offsets applied per source, the closed epochs kept readable (``history``), in
     event time the frontier and the transactions buffered for open times (``clock``), and
     the binder whose kept plans small epochs reuse (``binder``, None where the session
-    cannot bind rows: see :mod:`factflow.arrangement.bound`)."""
+    cannot bind rows: see :mod:`factflow.arrangement.bound`), and the one small loads bind
+    their rows to (``load_binder``, used by one load at a time: :meth:`loading`)."""
 
     def __init__(self, spark: SparkSession, config: EngineConfig, policy: MergePolicy):
         self.spark = spark
@@ -72,6 +75,24 @@ class EngineState:
         #: what wrong guesses of small epochs' changes taught (:mod:`factflow.engine.speculation`)
         self.guesses = Guesses()
         self.binder = bound.Binder(spark) if config.reuse_plans and bound.supported(spark) else None
+        self.load_binder: bound.Binder | None = None  # made by the first load (:meth:`loading`)
+        self._load_lock = threading.Lock()
+
+    @contextmanager
+    def loading(self) -> Iterator[None]:
+        """The block a load runs in (:mod:`factflow.io.tables`): one load at a time, the rows
+        the driver holds bound to slots of ``load_binder``, whose kept plans the next load of
+        the same tables reuses (a load's statements are few: a quarter of the epochs'
+        binder's memory)."""
+        with self._load_lock:
+            if self.load_binder is None and self.binder is not None:
+                self.load_binder = bound.Binder(self.spark, capacity=8, memory=self.binder.memory // 4)
+            with bound.binding(self.load_binder):
+                try:
+                    yield
+                finally:
+                    if self.load_binder is not None:
+                        self.load_binder.take_on_driver()  # a load's statements belong to no epoch's report
 
     # ------------------------------------------------------------ what is held
     def feed(self, attribute: Attribute) -> AttributeFeed:
@@ -204,8 +225,9 @@ class EngineState:
 
     def close(self) -> None:
         """Release every arrangement and the binder (queries are closed by the engine first)."""
-        if self.binder is not None:
-            self.binder.close()
+        for binder in (self.binder, self.load_binder):
+            if binder is not None:
+                binder.close()
         for arrangement in self.arrangements.values():
             arrangement.close()
         self.arrangements = {}

@@ -18,7 +18,8 @@ retracts the facts instead (a table's rows removed by the rows themselves).
 
 A load costs Spark jobs, not driver work per value, and few calls into Spark: the rows'
 conversion, check and unpivot are SQL text over the source (a temp view, or for
-:mod:`factflow.io.tables`' small pandas frames the rows written inline), not columns built
+:mod:`factflow.io.tables`' small pandas frames the driver's rows, bound to slots whose
+statement's plan the engine keeps for the next load of the same tables), not columns built
 a function at a time. A small one (at most ``EngineConfig.local_limit`` facts and rows: an
 order with its line items) is checked and fetched to the driver in one statement, then
 applied as a small transaction; a statement over rows the driver holds (a pandas frame's)
@@ -41,6 +42,7 @@ from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
+from factflow.arrangement import bound
 from factflow.arrangement.bound import collected
 from factflow.arrangement.views import drop_view, register_view
 from factflow.engine.session import label_jobs
@@ -122,12 +124,13 @@ def load(db: "Engine", path: str | Sequence[str] | DataFrame, format: str = "csv
 
 def load_relation(db: "Engine", relation: str, schema: T.StructType, what: str, entity: str,
                   attributes: Mapping[str, str], added: bool = True, started: float | None = None,
-                  inline_rows: int | None = None) -> LoadReport:
+                  driver_rows: int | None = None) -> LoadReport:
     """:func:`load` of the rows of ``relation`` (SQL: a view's name or a parenthesized
     subquery) of Spark schema ``schema``, named ``what`` in errors; ``started`` (a
-    ``time.perf_counter()``) is when the load began, for its report. ``inline_rows``: how
-    many rows the relation has when they are written into it (then a small load's fetch
-    needs no limit, and runs on the driver without a Spark job)."""
+    ``time.perf_counter()``) is when the load began, for its report. ``driver_rows``: how
+    many rows the relation has when the driver holds them all (written into it or bound:
+    then a small load's fetch needs no limit, and runs on the driver without a Spark job,
+    from a kept plan when a binder is active)."""
     started = time.perf_counter() if started is None else started
     spark = db.spark
     resolved = _resolved(db, attributes, what)
@@ -140,7 +143,7 @@ def load_relation(db: "Engine", relation: str, schema: T.StructType, what: str, 
     typed = f"(SELECT {', '.join(columns)} FROM {relation})"
     attributes_loaded = [a for a, _ in resolved]
     spark.sparkContext.setJobDescription(f"load {what}: check and fetch {plural(len(resolved), 'column')} if small")
-    bounded = inline_rows is not None and inline_rows * (len(resolved) + 1) <= db.config.local_limit
+    bounded = driver_rows is not None and driver_rows * (len(resolved) + 1) <= db.config.local_limit
     fetched = _fetch_if_small(spark, typed, attributes_loaded, added, None if bounded else db.config.local_limit)
     if fetched is None:
         spark.sparkContext.setJobDescription(f"load {what}: check {plural(len(resolved), 'column')}")
@@ -206,7 +209,8 @@ def _fetch_if_small(spark: SparkSession, typed: str, attributes: list[Attribute]
                                          "'null') END"))
     text = _unpivot(typed, cells, added, ("k", "i", "raw"))
     if local_limit is None:
-        return collected(spark.sql(text)).table
+        binder = bound.current()
+        return binder.run(text) if binder is not None else collected(spark.sql(text)).table
     table = collected(spark.sql(f"{text} LIMIT {local_limit + 1}")).table
     return table if table.num_rows <= local_limit else None
 

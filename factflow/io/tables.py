@@ -36,11 +36,12 @@ import pandas as pd
 from pyspark.sql import DataFrame
 from pyspark.sql import types as T
 
+from factflow.arrangement.batch import local_relation
 from factflow.arrangement.views import drop_view, register_view
 from factflow.dataflow.zset import literal
 from factflow.errors import LoadError, SchemaError
 from factflow.io.load import LoadReport, load_relation
-from factflow.model.frames import INLINE_ROWS, in_session, pandas_schema, spark_frame, values_sql
+from factflow.model.frames import in_session, pandas_schema, spark_frame
 from factflow.model.types import FRACTIONAL_TYPES, INTEGRAL_TYPES, Kind, ident
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -174,18 +175,20 @@ def load_tables(db: "Engine", sources: Sequence[tuple[str | Sequence[str] | Data
     if twice:
         raise LoadError(f"load_tables: table {', '.join(twice)} given twice (union its rows into one source)")
     views: list[str] = []
-    try:
-        facts = [_facts(db, source, table, format, options, views) for source, table in sources]
-        if len(facts) == 1:
-            relation, schema, attributes = facts[0]
-        else:
-            relation, schema, attributes = _union(facts)
-        what = ", ".join(f"table {table.name}" for _, table in sources)
-        inline = None if views else sum(len(source) for source, _ in sources)
-        return load_relation(db, relation, schema, what, _ENTITY, attributes, added, inline_rows=inline)
-    finally:
-        for view in views:
-            drop_view(db.spark, view)
+    with db.loading():
+        try:
+            facts = [_facts(db, source, table, format, options, views) for source, table in sources]
+            if len(facts) == 1:
+                relation, schema, attributes = facts[0]
+            else:
+                relation, schema, attributes = _union(facts)
+            what = ", ".join(f"table {table.name}" for _, table in sources)
+            held = sum(len(source) for source, _ in sources) if all(
+                isinstance(source, pd.DataFrame) and len(source) <= db.config.local_limit for source, _ in sources) else None
+            return load_relation(db, relation, schema, what, _ENTITY, attributes, added, driver_rows=held)
+        finally:
+            for view in views:
+                drop_view(db.spark, view)
 
 
 def _facts(db: "Engine", source: str | Sequence[str] | DataFrame | pd.DataFrame, table: Table, format: str,
@@ -193,12 +196,16 @@ def _facts(db: "Engine", source: str | Sequence[str] | DataFrame | pd.DataFrame,
     """The rows of ``source`` as SQL (a parenthesized subquery) with their entity id (column
     ``_ENTITY``), reference ids and the table's columns, its schema, and the column each
     attribute of ``table`` takes its values from; the table's attributes are created first
-    when missing. A pandas frame of at most :data:`INLINE_ROWS` rows is written into the
-    text; any other source is read through a temp view, appended to ``views``."""
+    when missing. A pandas frame of at most ``local_limit`` rows is read as the driver's rows
+    (:func:`~factflow.arrangement.batch.local_relation`: bound to a slot of the active binder,
+    or written into the text); any other source through a temp view. Temp views registered
+    are appended to ``views``."""
     spark = db.spark
-    if isinstance(source, pd.DataFrame) and len(source) <= INLINE_ROWS:
+    if isinstance(source, pd.DataFrame) and len(source) <= db.config.local_limit:
         schema = pandas_schema(source)
-        rows = values_sql(source, schema)
+        rows, view = local_relation(spark, source, schema, "ff_table")
+        if view is not None:
+            views.append(view)
     else:
         if isinstance(source, pd.DataFrame):
             frame = spark_frame(spark, source)

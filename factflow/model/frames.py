@@ -51,6 +51,7 @@ INLINE_ROWS = 64
 #: 9 columns) in 3.8 s and 2.9 s.
 LOCAL_RELATION_CELLS = 131_072
 _LOCAL_RELATION_THRESHOLD = "spark.sql.execution.arrow.localRelationThreshold"
+_DECIMAL_PRECISION = 38  # Spark's largest
 _BATCH_ROWS = "spark.sql.execution.arrow.maxRecordsPerBatch"
 
 
@@ -88,8 +89,12 @@ def spark_frame(spark: SparkSession, frame: pd.DataFrame, schema: T.StructType |
 
 def pandas_schema(frame: pd.DataFrame) -> T.StructType:
     """The Spark schema of ``frame``'s columns, typed as Arrow converts them (naive
-    timestamps as ``TIMESTAMP_NTZ``)."""
-    return from_arrow_schema(pa.Schema.from_pandas(frame, preserve_index=False), prefer_timestamp_ntz=True)
+    timestamps as ``TIMESTAMP_NTZ``), decimals with the largest precision: Arrow gives a
+    column of Python decimals the precision its values need, and a schema that changes with
+    the values would change the text of every statement over them (and so the plans kept)."""
+    schema = from_arrow_schema(pa.Schema.from_pandas(frame, preserve_index=False), prefer_timestamp_ntz=True)
+    return T.StructType([T.StructField(f.name, T.DecimalType(_DECIMAL_PRECISION, f.dataType.scale), f.nullable)
+                         if isinstance(f.dataType, T.DecimalType) else f for f in schema.fields])
 
 
 def values_sql(frame: pd.DataFrame, schema: T.StructType) -> str:

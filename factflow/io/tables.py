@@ -184,7 +184,7 @@ def load_tables(db: "Engine", sources: Sequence[tuple[str | Sequence[str] | Data
                 relation, schema, attributes = _union(facts)
             what = ", ".join(f"table {table.name}" for _, table in sources)
             held = sum(len(source) for source, _ in sources) if all(
-                isinstance(source, pd.DataFrame) and len(source) <= db.config.local_limit for source, _ in sources) else None
+                _driver_rows(db, source) for source, _ in sources) else None
             return load_relation(db, relation, schema, what, _ENTITY, attributes, added, driver_rows=held)
         finally:
             for view in views:
@@ -196,12 +196,12 @@ def _facts(db: "Engine", source: str | Sequence[str] | DataFrame | pd.DataFrame,
     """The rows of ``source`` as SQL (a parenthesized subquery) with their entity id (column
     ``_ENTITY``), reference ids and the table's columns, its schema, and the column each
     attribute of ``table`` takes its values from; the table's attributes are created first
-    when missing. A pandas frame of at most ``local_limit`` rows is read as the driver's rows
+    when missing. A small pandas frame (:func:`_driver_rows`) is read as the driver's rows
     (:func:`~factflow.arrangement.batch.local_relation`: bound to a slot of the active binder,
     or written into the text); any other source through a temp view. Temp views registered
     are appended to ``views``."""
     spark = db.spark
-    if isinstance(source, pd.DataFrame) and len(source) <= db.config.local_limit:
+    if _driver_rows(db, source):
         schema = pandas_schema(source)
         rows, view = local_relation(spark, source, schema, "ff_table")
         if view is not None:
@@ -234,6 +234,12 @@ def _facts(db: "Engine", source: str | Sequence[str] | DataFrame | pd.DataFrame,
     selected = [f"{expr} AS {ident(name)}" for name, expr in ids.items()] + [ident(c) for c in plain]
     fields = [T.StructField(name, T.LongType()) for name in ids] + [schema[c] for c in plain]
     return f"(SELECT {', '.join(selected)} FROM {rows})", T.StructType(fields), columns
+
+
+def _driver_rows(db: "Engine", source: object) -> bool:
+    """Whether ``source`` is a pandas frame whose load is small (at most ``local_limit``
+    cells and rows), read as the driver's rows; a larger one goes through Spark in parallel."""
+    return isinstance(source, pd.DataFrame) and len(source) * (len(source.columns) + 1) <= db.config.local_limit
 
 
 def _union(facts: Sequence[tuple[str, T.StructType, dict[str, str]]]) -> tuple[str, T.StructType, dict[str, str]]:

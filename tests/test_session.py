@@ -243,10 +243,15 @@ def test_the_workers_of_a_session_factflow_did_not_create_are_prepared_by_its_ta
               "print('STAMPED', before, after)\n"
               "from factflow import Engine\n"
               "Engine(spark=s).close()\n"
-              "Engine(spark=s).close()\n"
+              "import pandas as pd\n"
+              "from factflow.io.tables import Table, load_table\n"
+              "with Engine(spark=s) as db:\n"  # without factflow's jar, a small load runs as a job
+              "    load_table(db, pd.DataFrame({'k': [1, 2], 'note': ['a', 'b']}), Table('t', key=('k',)))\n"
+              "    print('LOADED', sorted(db.query('[:find ?n :where [?e :t/note ?n]]').results()))\n"
               "s.stop()\n")
     run = _run_python(script, PYSPARK_PYTHON=sys.executable)
     assert "STAMPED False True" in run.stdout, run.stdout
+    assert "LOADED [('a',), ('b',)]" in run.stdout, run.stdout + run.stderr
     # an engine on it says once which start-up settings the session lacks
     assert run.stderr.count("this SparkSession was started without spark.buffer.pageSize=2m, "
                             "spark.python.daemon.module=factflow.engine.worker_daemon") == 1, run.stderr

@@ -79,6 +79,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, NamedTuple
 
 import pyarrow as pa
+from py4j.java_gateway import JavaClass
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from factflow.arrangement.views import PARAMETERIZED_PROBE_PREFIX, drop_view, lasting_views, one_partition
@@ -435,9 +436,10 @@ def collected(frame: "DataFrame") -> Collected:
     only bound and literal rows, with no exchange, subquery or Python other than
     ``mapInArrow`` (run in a Python worker of the driver's), runs in the driver's JVM as its
     one task would, without a Spark job (``DriverRun`` in ``factflow/jvm``); any other runs
-    as a job."""
+    as a job, as every plan does on a session without factflow's jar on the driver."""
     spark = frame.sparkSession
-    found = spark._jvm.factflow.jvm.DriverRun.collect(frame._jdf, tempfile.gettempdir())
+    driver_run = spark._jvm.factflow.jvm.DriverRun  # a JavaPackage, not a class, without the jar
+    found = driver_run.collect(frame._jdf, tempfile.gettempdir()) if isinstance(driver_run, JavaClass) else None
     if found is None:
         return Collected(frame.toArrow(), None)
     schema = to_arrow_schema(frame.schema, error_on_duplicated_field_names_in_struct=True,

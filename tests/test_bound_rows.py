@@ -20,6 +20,7 @@ from pyspark.sql import types as T
 from factflow import Engine, EngineConfig
 from factflow.arrangement import bound
 from factflow.arrangement.views import drop_view, register_view
+from factflow.engine.apply import small_statements
 from test_differential import CATALOG, JOIN_CATALOG, run_stream
 
 SCHEMA = T.StructType([T.StructField("e", T.LongType()), T.StructField("v", T.StringType())])
@@ -115,6 +116,44 @@ def test_a_plan_that_cannot_run_again_is_planned_from_its_kept_analysis_with_the
     assert run([(4, "c"), (5, "d"), (6, "c")]) == [("c", 2), ("d", 1)]
     assert (binder.planned, binder.reused, binder.reanalysed) == (3, 0, 2)
     assert seen == [2, 2, 2]
+
+
+def test_a_plan_whose_parts_are_computed_once_runs_again_on_the_driver_with_the_rows_of_its_run(spark, binder):
+    """A small epoch's statement that persists a probe it reads twice and computes a ``WITH``
+    entry once (an exchange into one partition, read again through Spark's reuse of it) runs
+    on the driver, which computes both anew at every run: so its plan is kept, and each later
+    run reads the rows bound for it. (Run as a job, the kept plan would read the first run's
+    shuffle output again.)"""
+
+    def run(rows: list[tuple[int, str]]) -> list[tuple[str, int]]:
+        with small_statements(spark, EngineConfig().small_conf), bound.binding(binder):
+            relation = binder.relation(_frame(rows), SCHEMA)
+            definition = f"SELECT e, v FROM {relation} WHERE e > 0"
+            view, probe = binder.probe_view(definition, lambda: spark.sql(definition))
+            persisted = []
+
+            def prepare(reads) -> bool:
+                persisted.append(probe.persist())
+                return True
+
+            try:
+                table = bound.run(spark, f"WITH w AS (SELECT * FROM (SELECT a.e, a.v FROM {view} a JOIN {view} b "
+                                         "ON a.e = b.e) WHERE rand() >= 0) "
+                                         "SELECT x.v, count(*) AS n FROM w x JOIN w y ON x.e = y.e GROUP BY x.v",
+                                  prepare)
+            finally:
+                for frame in persisted:
+                    frame.unpersist()
+        return sorted(zip(table.column("v").to_pylist(), table.column("n").to_pylist()))
+
+    assert run([(1, "a"), (2, "a"), (0, "z")]) == [("a", 2)]
+    (kept,) = binder._plans.values()
+    plan = kept.frame._jdf.queryExecution().executedPlan().toString()
+    assert "InMemoryTableScan" in plan and "ReusedExchange" in plan, plan
+    assert run([(3, "b")]) == [("b", 1)]
+    assert run([(4, "c"), (5, "d"), (6, "c")]) == [("c", 2), ("d", 1)]
+    assert (binder.planned, binder.reused) == (1, 2)
+    assert len(binder.take_on_driver()) == 3
 
 
 def test_kept_plans_hold_no_more_than_their_memory_by_the_length_of_their_text(spark):

@@ -255,7 +255,7 @@ class Binder:
         kept = self._plans.get(sql)
         if kept is not None:
             self.reused += 1
-            return self._collected(kept.frame)
+            return self._collected(kept.frame)[0]
         analysed = self._analysed.get(sql)
         if analysed is not None:
             self.reanalysed += 1
@@ -265,23 +265,23 @@ class Binder:
             frame = self.spark.sql(sql)
             reads = _counted_once(frame)
         prepared = prepare(reads) if prepare is not None else False
-        table = self._collected(frame)
+        table, on_driver = self._collected(frame)
         self.planned += 1
         if analysed is None and (views := self._views_read(sql)) <= lasting:
-            if not prepared and self._reusable(frame):
+            if on_driver or (not prepared and self._reusable(frame)):
                 self._plans.add(sql, _Statement(frame, views, reads))
             else:  # hold the analysed plan alone, not the optimized and physical ones
                 self._analysed.add(sql, _Statement(_replanned(self.spark, frame), views, reads))
         return table
 
-    def _collected(self, frame: "DataFrame") -> pa.Table:
-        """:func:`collected`, noting a statement run on the driver."""
+    def _collected(self, frame: "DataFrame") -> tuple[pa.Table, bool]:
+        """:func:`collected`, noting a statement run on the driver; and whether it was."""
         began = time.perf_counter()
         table, read = collected(frame)
         if read is not None:
             description = self.spark.sparkContext.getLocalProperty("spark.job.description")
             self._on_driver.append(DriverRun(description, time.perf_counter() - began, read))
-        return table
+        return table, read is not None
 
     def take_on_driver(self) -> list[DriverRun]:
         """The statements run on the driver since the last call (each of which would have

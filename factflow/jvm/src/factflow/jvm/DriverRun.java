@@ -5,6 +5,10 @@ import java.io.IOException;
 import java.io.OutputStream;
 import java.nio.file.Files;
 import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.IdentityHashMap;
+import java.util.List;
+import java.util.Map;
 import java.util.Properties;
 import java.util.concurrent.atomic.AtomicLong;
 
@@ -18,15 +22,30 @@ import org.apache.spark.api.python.PythonException;
 import org.apache.spark.executor.TaskMetrics$;
 import org.apache.spark.memory.TaskMemoryManager;
 import org.apache.spark.rdd.RDD;
+import org.apache.spark.SparkContext;
 import org.apache.spark.sql.Row;
+import org.apache.spark.sql.catalyst.InternalRow;
+import org.apache.spark.sql.catalyst.expressions.NamedExpression;
+import org.apache.spark.sql.catalyst.plans.physical.SinglePartition$;
+import org.apache.spark.sql.catalyst.plans.physical.UnknownPartitioning;
 import org.apache.spark.sql.classic.Dataset;
+import org.apache.spark.sql.execution.ColumnarToRowExec;
 import org.apache.spark.sql.execution.LocalTableScanExec;
+import org.apache.spark.sql.execution.ProjectExec;
+import org.apache.spark.sql.execution.RDDScanExec;
 import org.apache.spark.sql.execution.SortExec;
 import org.apache.spark.sql.execution.SparkPlan;
 import org.apache.spark.sql.execution.arrow.ArrowBatchStreamWriter;
+import org.apache.spark.sql.execution.columnar.InMemoryRelation;
+import org.apache.spark.sql.execution.columnar.InMemoryTableScanExec;
 import org.apache.spark.sql.execution.datasources.v2.BatchScanExec;
+import org.apache.spark.sql.execution.exchange.Exchange;
+import org.apache.spark.sql.execution.exchange.ReusedExchangeExec;
+import org.apache.spark.sql.execution.exchange.ShuffleExchangeExec;
 import org.apache.spark.sql.execution.python.MapInArrowExec;
 import org.apache.spark.sql.internal.SQLConf;
+import scala.reflect.ClassTag;
+import scala.reflect.ClassTag$;
 
 /**
  * Runs a small statement's plan in the driver's JVM, as one task would, without a Spark job.
@@ -73,8 +92,8 @@ public final class DriverRun {
   /**
    * The rows of {@code frame} computed in this JVM, written to a new file under
    * {@code directory}; null when its plan reads anything but bound and literal rows, or
-   * needs an exchange (its own, as a limit over several partitions has), a subquery or Python
-   * other than {@code mapInArrow}.
+   * needs an exchange into several partitions (its own, as a limit over several partitions
+   * has), a subquery or Python other than {@code mapInArrow}.
    */
   public static Collected collect(Dataset<Row> frame, String directory) throws IOException, SparkException {
     SparkPlan plan = frame.queryExecution().executedPlan();
@@ -82,18 +101,18 @@ public final class DriverRun {
       return null;
     }
     SQLConf conf = frame.sparkSession().sessionState().conf();
-    RDD<byte[]> batches = frame.toArrowBatchRdd(plan);
     Properties properties = new Properties();
     properties.putAll(frame.sparkSession().sparkContext().getLocalProperties());
     scala.jdk.javaapi.CollectionConverters.asJava(conf.getAllConfs()).forEach(properties::setProperty);
-    Partition[] partitions = batches.partitions();
+    Run run = new Run(frame.sparkSession().sparkContext(), properties);
     Path file = Files.createTempFile(Path.of(directory), "factflow-driver-run-", ".arrow");
-    long read = 0;
     try (OutputStream out = new BufferedOutputStream(Files.newOutputStream(file), 64 * 1024)) {
+      RDD<byte[]> batches = frame.toArrowBatchRdd(run.computable(plan));
       ArrowBatchStreamWriter writer = new ArrowBatchStreamWriter(frame.schema(), out, conf.sessionLocalTimeZone(),
           "legacy".equals(conf.pandasStructHandlingMode()), conf.arrowUseLargeVarTypes());
+      Partition[] partitions = batches.partitions();
       for (Partition partition : partitions) {
-        read += run(batches, partition, partitions.length, properties, writer);
+        run.task(batches, partition, partitions.length, writer::writeBatches);
       }
       writer.end();
     } catch (IOException | SparkException | RuntimeException | Error e) {
@@ -101,8 +120,137 @@ public final class DriverRun {
       throw e;
     } finally {
       forgetSorters(plan);
+      run.executed.forEach(DriverRun::forgetSorters);
     }
-    return new Collected(file.toString(), read);
+    return new Collected(file.toString(), run.read);
+  }
+
+  /** What a task does with the rows of its partition. */
+  private interface PartitionConsumer<T> {
+    void accept(scala.collection.Iterator<T> rows);
+  }
+
+  /**
+   * One run of a plan: the tasks it computes here, the parts computed once (by the exchange or
+   * cache they stand for), the plans run, and the rows its scans read.
+   */
+  private static final class Run {
+    private static final ClassTag<InternalRow> ROW = ClassTag$.MODULE$.apply(InternalRow.class);
+    private final SparkContext context;
+    private final Properties properties;
+    private final Map<Object, RDD<InternalRow>> computed = new IdentityHashMap<>();
+    private final List<SparkPlan> executed = new ArrayList<>();
+    private long read;
+
+    Run(SparkContext context, Properties properties) {
+      this.context = context;
+      this.properties = properties;
+    }
+
+    /**
+     * {@code plan} with each exchange into one partition, reuse of one, and scan of a cached
+     * relation replaced by a scan of rows computed here (once per exchange or cache).
+     */
+    SparkPlan computable(SparkPlan plan) throws SparkException {
+      SparkPlan out;
+      if (plan instanceof ShuffleExchangeExec || plan instanceof ReusedExchangeExec) {
+        Exchange exchange = plan instanceof ReusedExchangeExec reused ? reused.child() : (Exchange) plan;
+        RDD<InternalRow> rows = computed.get(exchange);
+        if (rows == null) {
+          rows = rowsOf(computable(exchange.child()));
+          computed.put(exchange, rows);
+        }
+        out = new RDDScanExec(plan.output(), rows, "rows computed on the driver", plan.outputPartitioning(),
+            plan.outputOrdering(), scala.Option.empty());
+      } else if (cachedScan(plan) != null) {
+        InMemoryTableScanExec scan = cachedScan(plan);
+        InMemoryRelation relation = scan.relation();
+        RDD<InternalRow> rows = computed.get(relation.cacheBuilder());
+        if (rows == null) {
+          rows = rowsOf(computable(relation.cachedPlan()));
+          computed.put(relation.cacheBuilder(), rows);
+        }
+        @SuppressWarnings("unchecked")
+        scala.collection.immutable.Seq<NamedExpression> columns =
+            (scala.collection.immutable.Seq<NamedExpression>) (scala.collection.immutable.Seq<?>) scan.attributes();
+        out = new ProjectExec(columns, new RDDScanExec(relation.output(), rows, "rows computed on the driver",
+            new UnknownPartitioning(rows.partitions().length), scala.collection.immutable.List$.MODULE$.empty(),
+            scala.Option.empty()));
+      } else {
+        List<SparkPlan> children = new ArrayList<>();
+        boolean changed = false;
+        scala.collection.Iterator<SparkPlan> it = plan.children().iterator();
+        while (it.hasNext()) {
+          SparkPlan child = it.next();
+          SparkPlan replaced = computable(child);
+          changed |= replaced != child;
+          children.add(replaced);
+        }
+        out = changed ? plan.withNewChildren(scala.jdk.javaapi.CollectionConverters.asScala(children).toSeq()) : plan;
+      }
+      return out;
+    }
+
+    /** The rows of {@code plan}, computed here partition by partition, as an RDD of as many partitions. */
+    private RDD<InternalRow> rowsOf(SparkPlan plan) throws SparkException {
+      executed.add(plan);
+      RDD<InternalRow> rdd = plan.execute();
+      Partition[] partitions = rdd.partitions();
+      List<RDD<InternalRow>> pieces = new ArrayList<>();
+      for (Partition partition : partitions) {
+        List<InternalRow> rows = new ArrayList<>();
+        task(rdd, partition, partitions.length, it -> {
+          while (it.hasNext()) {
+            rows.add(it.next().copy());
+          }
+        });
+        pieces.add(context.parallelize(scala.jdk.javaapi.CollectionConverters.asScala(rows).toSeq(), 1, ROW));
+      }
+      if (pieces.size() == 1) {
+        return pieces.get(0);
+      }
+      return pieces.isEmpty() ? context.emptyRDD(ROW)
+          : context.union(scala.jdk.javaapi.CollectionConverters.asScala(pieces).toSeq(), ROW);
+    }
+
+    /**
+     * Compute one partition of {@code rdd} under a task context of its own, handing its rows
+     * to {@code consume}, and count the rows its scans read.
+     */
+    <T> void task(RDD<T> rdd, Partition partition, int partitions, PartitionConsumer<T> consume)
+        throws SparkException {
+      long attempt = -ATTEMPTS.incrementAndGet();
+      SparkEnv env = SparkEnv.get();
+      TaskMemoryManager memory = new TaskMemoryManager(env.memoryManager(), attempt);
+      TaskContextImpl task = new TaskContextImpl(0, 0, partition.index(), attempt, 0, partitions, memory,
+          properties, env.metricsSystem(), TaskMetrics$.MODULE$.empty(), 1,
+          scala.collection.immutable.Map$.MODULE$.empty());
+      TaskContext previous = TaskContext.get();
+      TaskContext$.MODULE$.setTaskContext(task);
+      Throwable failure = null;
+      try {
+        consume.accept(rdd.iterator(partition, task));
+        read += task.taskMetrics().inputMetrics().recordsRead();
+      } catch (RuntimeException | Error e) {
+        failure = e;
+        task.markTaskFailed(e);
+        if (e instanceof PythonException) {  // wrapped as a failed job wraps it: PySpark raises a PythonException
+          throw new SparkException("A Python function failed in a statement run on the driver", e);
+        }
+        throw e;
+      } finally {
+        try {
+          task.markTaskCompleted(scala.Option.apply(failure));
+        } finally {
+          memory.cleanUpAllAllocatedMemory();
+          if (previous == null) {
+            TaskContext$.MODULE$.unset();
+          } else {
+            TaskContext$.MODULE$.setTaskContext(previous);
+          }
+        }
+      }
+    }
   }
 
   /**
@@ -121,47 +269,23 @@ public final class DriverRun {
   }
 
   /**
-   * Compute one partition of {@code batches} under a task context of its own, writing its
-   * batches; returns the rows its scans read.
+   * The scan of a cached relation that {@code plan} reads as rows: the plan itself, or the scan
+   * under a conversion of its columnar batches to rows; null for any other plan.
    */
-  private static long run(RDD<byte[]> batches, Partition partition, int partitions, Properties properties,
-                          ArrowBatchStreamWriter writer) throws SparkException {
-    long attempt = -ATTEMPTS.incrementAndGet();
-    SparkEnv env = SparkEnv.get();
-    TaskMemoryManager memory = new TaskMemoryManager(env.memoryManager(), attempt);
-    TaskContextImpl context = new TaskContextImpl(0, 0, partition.index(), attempt, 0, partitions, memory,
-        properties, env.metricsSystem(), TaskMetrics$.MODULE$.empty(), 1,
-        scala.collection.immutable.Map$.MODULE$.empty());
-    TaskContext previous = TaskContext.get();
-    TaskContext$.MODULE$.setTaskContext(context);
-    Throwable failure = null;
-    try {
-      writer.writeBatches(batches.iterator(partition, context));
-      return context.taskMetrics().inputMetrics().recordsRead();
-    } catch (RuntimeException | Error e) {
-      failure = e;
-      context.markTaskFailed(e);
-      if (e instanceof PythonException) {  // wrapped as a failed job wraps it: PySpark raises a PythonException
-        throw new SparkException("A Python function failed in a statement run on the driver", e);
-      }
-      throw e;
-    } finally {
-      try {
-        context.markTaskCompleted(scala.Option.apply(failure));
-      } finally {
-        memory.cleanUpAllAllocatedMemory();
-        if (previous == null) {
-          TaskContext$.MODULE$.unset();
-        } else {
-          TaskContext$.MODULE$.setTaskContext(previous);
-        }
-      }
+  private static InMemoryTableScanExec cachedScan(SparkPlan plan) {
+    if (plan instanceof InMemoryTableScanExec scan && !scan.supportsColumnar()) {
+      return scan;
     }
+    if (plan instanceof ColumnarToRowExec rows && rows.child() instanceof InMemoryTableScanExec scan) {
+      return scan;
+    }
+    return null;
   }
 
   /**
-   * Whether {@code plan} reads only bound and literal rows through narrow operators of the JVM
-   * and Python functions mapped over Arrow batches.
+   * Whether {@code plan} reads only bound and literal rows through narrow operators of the JVM,
+   * Python functions mapped over Arrow batches, exchanges into one partition and row-wise
+   * scans of cached relations whose plans are such.
    */
   private static boolean local(SparkPlan plan) {
     if (!plan.subqueries().isEmpty()) {
@@ -169,6 +293,16 @@ public final class DriverRun {
     }
     if (plan instanceof MapInArrowExec) {
       return local(plan.children().head());
+    }
+    if (plan instanceof ShuffleExchangeExec exchange) {
+      return SinglePartition$.MODULE$.equals(exchange.outputPartitioning()) && local(exchange.child());
+    }
+    if (plan instanceof ReusedExchangeExec reused) {
+      return reused.child() instanceof ShuffleExchangeExec && local(reused.child());
+    }
+    InMemoryTableScanExec cached = cachedScan(plan);
+    if (cached != null) {
+      return local(cached.relation().cachedPlan());
     }
     String name = plan.getClass().getSimpleName();
     if (name.contains("Exchange") || name.contains("Adaptive") || name.contains("Python")

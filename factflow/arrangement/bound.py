@@ -18,12 +18,14 @@ slots' new rows when its tasks run. Empty relations are still written inline, so
 Spark's optimizer drops what they make empty (most of a 1-change epoch's pipelines); a
 shape is thus the set of non-empty inputs, which is what the plan depends on.
 
-A plan is kept only if running it again is sound: without exchanges (their shuffle output
-is reused by a second run) or subqueries (their results are computed once), not reading a
-persisted probe (see ``EpochContext.persist_shared``), and reading no view but the
-binder's own and views that outlive epochs (stored batches, constant relations:
-:func:`factflow.arrangement.views.lasting_views`); a kept plan is dropped once one of
-those views is. A statement whose plan cannot be run again keeps its *analysed* plan
+A plan is kept only if running it again is sound, and reads no view but the binder's own
+and views that outlive epochs (stored batches, constant relations:
+:func:`factflow.arrangement.views.lasting_views`); a kept plan is dropped once one of those
+views is. Running it again is sound when it runs on the driver (below), which computes
+every part of it anew at each run; a plan that runs as a job must also be without
+exchanges (a second job reuses their shuffle output) or subqueries (their results are
+computed once), and not read a persisted probe (see ``EpochContext.persist_shared``).
+A statement whose plan cannot be run again keeps its *analysed* plan
 under the same conditions on views, apart from the kept plans (so that it never pushes
 out a plan that runs again: kept together, they made the suite's random streams of
 ``auto`` and ``binary`` plans a fifth slower, 225 s against 183 s),
@@ -45,9 +47,14 @@ characters, whose kept plans held about 150 MB each: 64 of them were more than a
 driver has, and planning the next such statement needs several hundred MB while it runs).
 
 A kept or planned statement whose plan reads nothing but slots and literal rows, with no
-exchange or subquery (a small epoch's statement over state the driver holds, or probing
-index files by keys the driver holds), runs in the driver's JVM as its one task would,
-without a Spark job (:func:`collected`, ``DriverRun``): on a cluster, a job of one task
+subquery and no exchange but into one partition (a small epoch's statement over state the
+driver holds, or probing index files by keys the driver holds), runs in the driver's JVM as
+its one task would, without a Spark job (:func:`collected`, ``DriverRun``). The parts such a
+plan computes once and reads again (an exchange into one partition that Spark reuses, a
+probe persisted for the statement) are computed there at each run, so these plans are kept
+too: the small epochs of TPC-H's queries, whose statements compute their shared probes and
+entries once, went from a job and planning of 0.6-1.0 s to 0.25-0.4 s (Q3, Q14; SF 0.01,
+docs/benchmarks.md). On a cluster, a job of one task
 costs an executor deserializing a plan of a few hundred operators that it runs a few times
 a minute, and Spark's scheduling in any mode (LDBC's one-change epochs with five queries in
 local mode: 0.101 s with jobs, 0.050 s without, same hour). Its probes (``mapInArrow``) run
@@ -433,9 +440,10 @@ class Collected(NamedTuple):
 
 def collected(frame: "DataFrame") -> Collected:
     """The rows of ``frame`` as Arrow, as ``frame.toArrow()`` gives them. A plan that reads
-    only bound and literal rows, with no exchange, subquery or Python other than
-    ``mapInArrow`` (run in a Python worker of the driver's), runs in the driver's JVM as its
-    one task would, without a Spark job (``DriverRun`` in ``factflow/jvm``); any other runs
+    only bound and literal rows, with no subquery, no exchange but into one partition, and no
+    Python other than ``mapInArrow`` (run in a Python worker of the driver's), runs in the
+    driver's JVM as its one task would, without a Spark job (``DriverRun`` in
+    ``factflow/jvm``; its exchanges and persisted parts computed there, anew); any other runs
     as a job, as every plan does on a session without factflow's jar on the driver."""
     spark = frame.sparkSession
     driver_run = spark._jvm.factflow.jvm.DriverRun  # a JavaPackage, not a class, without the jar

@@ -47,17 +47,18 @@ class Statement:
     :data:`INLINED_ENTRY_CHARACTERS` gets a condition Spark cannot prove true (``rand() >=
     0``): Spark then computes it once and reads its output wherever it is used (through an
     exchange it reuses). That cut those epochs to a third to a half. Smaller statements
-    keep inlining everything: an exchange makes a plan that cannot be kept for later epochs
-    (:mod:`factflow.arrangement.bound`), and computing entries once in the small epochs of
-    five or twenty LDBC queries (at most 130,000 characters inlined) made their 100-change
-    epochs 3-4x slower.
+    keep inlining everything: computing entries once in the small epochs of five or twenty
+    LDBC queries (at most 130,000 characters inlined) made their 100-change epochs 3-4x
+    slower, when an exchange made every such statement a Spark job whose plan could not be
+    kept (now one into a single partition runs on the driver, :mod:`factflow.arrangement.bound`).
 
     Whatever the statement's length, an entry read more than once that probes a trace (reads
     a view :class:`~factflow.dataflow.context.EpochContext` registered for a probe, directly
     or through another entry) is computed once: inlined, every copy ran its probes again,
     each a Python worker in the statement's task (one small epoch of TPC-H's Q1, a pipeline
-    of lookups whose every step keeps its state, ran 81 probes). Such a statement's plan is
-    not run again in later epochs (its exchange would be reused); its analysed plan may be
+    of lookups whose every step keeps its state, ran 81 probes). Such a statement's plan
+    runs again in later epochs only if it runs on the driver, which computes the exchange
+    anew (a job would reuse its output); otherwise its analysed plan may
     (:mod:`factflow.arrangement.bound`).
 
     A ``single_partition`` statement (a small epoch's, planned with

@@ -269,11 +269,12 @@ public final class DriverRun {
   }
 
   /**
-   * The scan of a cached relation that {@code plan} reads as rows: the plan itself, or the scan
-   * under a conversion of its columnar batches to rows; null for any other plan.
+   * The scan of a cached relation that {@code plan} reads as rows: the plan itself (its parent
+   * reads rows: only a conversion to rows reads a scan's columnar batches), or the scan under
+   * such a conversion; null for any other plan.
    */
   private static InMemoryTableScanExec cachedScan(SparkPlan plan) {
-    if (plan instanceof InMemoryTableScanExec scan && !scan.supportsColumnar()) {
+    if (plan instanceof InMemoryTableScanExec scan) {
       return scan;
     }
     if (plan instanceof ColumnarToRowExec rows && rows.child() instanceof InMemoryTableScanExec scan) {

@@ -157,7 +157,7 @@ public final class DriverRun {
         Exchange exchange = plan instanceof ReusedExchangeExec reused ? reused.child() : (Exchange) plan;
         RDD<InternalRow> rows = computed.get(exchange);
         if (rows == null) {
-          rows = rowsOf(computable(exchange.child()));
+          rows = rowsOf(computable(exchange.child()), true);
           computed.put(exchange, rows);
         }
         out = new RDDScanExec(plan.output(), rows, "rows computed on the driver", plan.outputPartitioning(),
@@ -167,7 +167,7 @@ public final class DriverRun {
         InMemoryRelation relation = scan.relation();
         RDD<InternalRow> rows = computed.get(relation.cacheBuilder());
         if (rows == null) {
-          rows = rowsOf(computable(relation.cachedPlan()));
+          rows = rowsOf(computable(relation.cachedPlan()), false);
           computed.put(relation.cacheBuilder(), rows);
         }
         @SuppressWarnings("unchecked")
@@ -191,25 +191,42 @@ public final class DriverRun {
       return out;
     }
 
-    /** The rows of {@code plan}, computed here partition by partition, as an RDD of as many partitions. */
-    private RDD<InternalRow> rowsOf(SparkPlan plan) throws SparkException {
+    /**
+     * The rows of {@code plan}, computed here partition by partition: in one partition (what an
+     * exchange into one partition gives, whatever its input's partitions), or in as many
+     * partitions as the plan has (what a cached relation gives).
+     */
+    private RDD<InternalRow> rowsOf(SparkPlan plan, boolean onePartition) throws SparkException {
       executed.add(plan);
       RDD<InternalRow> rdd = plan.execute();
       Partition[] partitions = rdd.partitions();
-      List<RDD<InternalRow>> pieces = new ArrayList<>();
+      List<List<InternalRow>> parts = new ArrayList<>();
+      List<InternalRow> rows = new ArrayList<>();
       for (Partition partition : partitions) {
-        List<InternalRow> rows = new ArrayList<>();
+        if (!onePartition) {
+          rows = new ArrayList<>();
+        }
+        List<InternalRow> into = rows;
         task(rdd, partition, partitions.length, it -> {
           while (it.hasNext()) {
-            rows.add(it.next().copy());
+            into.add(it.next().copy());
           }
         });
-        pieces.add(context.parallelize(scala.jdk.javaapi.CollectionConverters.asScala(rows).toSeq(), 1, ROW));
+        if (!onePartition) {
+          parts.add(rows);
+        }
       }
-      if (pieces.size() == 1) {
-        return pieces.get(0);
+      if (onePartition) {
+        parts.add(rows);
       }
-      return pieces.isEmpty() ? context.emptyRDD(ROW)
+      if (parts.isEmpty()) {
+        return context.emptyRDD(ROW);
+      }
+      List<RDD<InternalRow>> pieces = new ArrayList<>();
+      for (List<InternalRow> part : parts) {
+        pieces.add(context.parallelize(scala.jdk.javaapi.CollectionConverters.asScala(part).toSeq(), 1, ROW));
+      }
+      return pieces.size() == 1 ? pieces.get(0)
           : context.union(scala.jdk.javaapi.CollectionConverters.asScala(pieces).toSeq(), ROW);
     }
 

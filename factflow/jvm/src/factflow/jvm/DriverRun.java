@@ -244,6 +244,9 @@ public final class DriverRun {
           scala.collection.immutable.Map$.MODULE$.empty());
       TaskContext previous = TaskContext.get();
       TaskContext$.MODULE$.setTaskContext(task);
+      // as an executor registers a task: memory it needs may evict cached blocks, which takes
+      // their locks for the task (an unregistered one failed with a NullPointerException)
+      env.blockManager().registerTask(attempt);
       Throwable failure = null;
       try {
         consume.accept(rdd.iterator(partition, task));
@@ -260,6 +263,7 @@ public final class DriverRun {
           task.markTaskCompleted(scala.Option.apply(failure));
         } finally {
           memory.cleanUpAllAllocatedMemory();
+          env.blockManager().releaseAllLocksForTask(attempt);
           if (previous == null) {
             TaskContext$.MODULE$.unset();
           } else {

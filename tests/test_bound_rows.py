@@ -157,6 +157,19 @@ def test_a_plan_whose_parts_are_computed_once_runs_again_on_the_driver_with_the_
     assert len(binder.take_on_driver()) == 3
 
 
+def test_statements_run_on_the_driver_leave_the_block_managers_writers_outside_tasks_alone(spark):
+    """A statement run on the driver registers its task with the block manager and releases its
+    locks after, as an executor does (memory it needs may evict cached blocks). Its task's id
+    must never be the one the block manager gives writers outside tasks: counting ids down from
+    -1, the 1,024th run released that writer's locks, and the next broadcast failed."""
+    frame = spark.sql("SELECT * FROM VALUES (1), (2) AS t(one)")
+    for _ in range(1_100):
+        assert bound.collected(frame).read_on_driver is not None
+    broadcast = spark.sparkContext.broadcast([1, 2, 3])  # written by the driver outside any task
+    assert broadcast.value == [1, 2, 3]
+    broadcast.destroy()
+
+
 def test_kept_plans_hold_no_more_than_their_memory_by_the_length_of_their_text(spark):
     binder = bound.Binder(spark, memory=100 * bound.PLAN_BYTES_PER_CHARACTER)  # 100 characters of text
     try:

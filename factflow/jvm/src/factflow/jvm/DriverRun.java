@@ -63,8 +63,12 @@ import scala.reflect.ClassTag$;
  * other Python, shuffles or broadcasts is not run here.
  */
 public final class DriverRun {
-  /** Attempt ids of driver-run tasks: negative, so they never meet a real task's. */
-  private static final AtomicLong ATTEMPTS = new AtomicLong();
+  /**
+   * Attempt ids of driver-run tasks: negative, so they never meet a real task's, and far below
+   * the id the block manager gives writers outside tasks (-1024; counting down from -1, the
+   * 1,024th run took it, and releasing its locks unregistered every such writer).
+   */
+  private static final AtomicLong ATTEMPTS = new AtomicLong(-(1L << 40));
 
   private DriverRun() {}
 
@@ -236,7 +240,7 @@ public final class DriverRun {
      */
     <T> void task(RDD<T> rdd, Partition partition, int partitions, PartitionConsumer<T> consume)
         throws SparkException {
-      long attempt = -ATTEMPTS.incrementAndGet();
+      long attempt = ATTEMPTS.decrementAndGet();
       SparkEnv env = SparkEnv.get();
       TaskMemoryManager memory = new TaskMemoryManager(env.memoryManager(), attempt);
       TaskContextImpl task = new TaskContextImpl(0, 0, partition.index(), attempt, 0, partitions, memory,

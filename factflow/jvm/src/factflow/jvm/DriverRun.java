@@ -310,8 +310,8 @@ public final class DriverRun {
 
   /**
    * Whether {@code plan} reads only bound and literal rows through narrow operators of the JVM,
-   * Python functions mapped over Arrow batches, exchanges into one partition and row-wise
-   * scans of cached relations whose plans are such.
+   * Python functions mapped over Arrow batches, exchanges into one partition and scans of
+   * cached relations whose plans are such and read no cached relation.
    */
   private static boolean local(SparkPlan plan) {
     if (!plan.subqueries().isEmpty()) {
@@ -328,7 +328,10 @@ public final class DriverRun {
     }
     InMemoryTableScanExec cached = cachedScan(plan);
     if (cached != null) {
-      return local(cached.relation().cachedPlan());
+      // A cached part whose own plan reads another cached part runs as a job: computed here,
+      // such parts gave TPC-H's Q13 at scale factor 0.1 wrong rows (the cause is not found yet).
+      SparkPlan computed = cached.relation().cachedPlan();
+      return computed.find(node -> node instanceof InMemoryTableScanExec).isEmpty() && local(computed);
     }
     String name = plan.getClass().getSimpleName();
     if (name.contains("Exchange") || name.contains("Adaptive") || name.contains("Python")

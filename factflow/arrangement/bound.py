@@ -21,10 +21,10 @@ shape is thus the set of non-empty inputs, which is what the plan depends on.
 A plan is kept only if running it again is sound, and reads no view but the binder's own
 and views that outlive epochs (stored batches, constant relations:
 :func:`factflow.arrangement.views.lasting_views`); a kept plan is dropped once one of those
-views is. Running it again is sound when it runs on the driver (below), which computes
-every part of it anew at each run; a plan that runs as a job must also be without
-exchanges (a second job reuses their shuffle output) or subqueries (their results are
-computed once), and not read a persisted probe (see ``EpochContext.persist_shared``).
+views is, and does not read a persisted probe (see ``EpochContext.persist_shared``).
+Running it again is sound when it runs on the driver (below), which computes its exchanges
+anew at each run; a plan that runs as a job must also be without exchanges (a second job
+reuses their shuffle output) or subqueries (their results are computed once).
 A statement whose plan cannot be run again keeps its *analysed* plan
 under the same conditions on views, apart from the kept plans (so that it never pushes
 out a plan that runs again: kept together, they made the suite's random streams of
@@ -49,12 +49,10 @@ driver has, and planning the next such statement needs several hundred MB while 
 A kept or planned statement whose plan reads nothing but slots and literal rows, with no
 subquery and no exchange but into one partition (a small epoch's statement over state the
 driver holds, or probing index files by keys the driver holds), runs in the driver's JVM as
-its one task would, without a Spark job (:func:`collected`, ``DriverRun``). The parts such a
-plan computes once and reads again (an exchange into one partition that Spark reuses, a
-probe persisted for the statement) are computed there at each run, so these plans are kept
-too: the small epochs of TPC-H's queries, whose statements compute their shared probes and
-entries once, went from a job and planning of 0.6-1.0 s to 0.25-0.4 s (Q3, Q14; SF 0.01,
-docs/benchmarks.md). On a cluster, a job of one task
+its one task would, without a Spark job (:func:`collected`, ``DriverRun``). An exchange into
+one partition that Spark reuses (a ``WITH`` entry computed once) is computed there at each
+run, so such plans are kept too (docs/benchmarks.md, "Entries computed once, on the
+driver"). On a cluster, a job of one task
 costs an executor deserializing a plan of a few hundred operators that it runs a few times
 a minute, and Spark's scheduling in any mode (LDBC's one-change epochs with five queries in
 local mode: 0.101 s with jobs, 0.050 s without, same hour). Its probes (``mapInArrow``) run
@@ -275,7 +273,7 @@ class Binder:
         table, on_driver = self._collected(frame)
         self.planned += 1
         if analysed is None and (views := self._views_read(sql)) <= lasting:
-            if on_driver or (not prepared and self._reusable(frame)):
+            if not prepared and (on_driver or self._reusable(frame)):
                 self._plans.add(sql, _Statement(frame, views, reads))
             else:  # hold the analysed plan alone, not the optimized and physical ones
                 self._analysed.add(sql, _Statement(_replanned(self.spark, frame), views, reads))
@@ -443,7 +441,7 @@ def collected(frame: "DataFrame") -> Collected:
     only bound and literal rows, with no subquery, no exchange but into one partition, and no
     Python other than ``mapInArrow`` (run in a Python worker of the driver's), runs in the
     driver's JVM as its one task would, without a Spark job (``DriverRun`` in
-    ``factflow/jvm``; its exchanges and persisted parts computed there, anew); any other runs
+    ``factflow/jvm``; its exchanges computed there, anew); any other runs
     as a job, as every plan does on a session without factflow's jar on the driver."""
     spark = frame.sparkSession
     driver_run = spark._jvm.factflow.jvm.DriverRun  # a JavaPackage, not a class, without the jar

@@ -25,19 +25,13 @@ import org.apache.spark.rdd.RDD;
 import org.apache.spark.SparkContext;
 import org.apache.spark.sql.Row;
 import org.apache.spark.sql.catalyst.InternalRow;
-import org.apache.spark.sql.catalyst.expressions.NamedExpression;
 import org.apache.spark.sql.catalyst.plans.physical.SinglePartition$;
-import org.apache.spark.sql.catalyst.plans.physical.UnknownPartitioning;
 import org.apache.spark.sql.classic.Dataset;
-import org.apache.spark.sql.execution.ColumnarToRowExec;
 import org.apache.spark.sql.execution.LocalTableScanExec;
-import org.apache.spark.sql.execution.ProjectExec;
 import org.apache.spark.sql.execution.RDDScanExec;
 import org.apache.spark.sql.execution.SortExec;
 import org.apache.spark.sql.execution.SparkPlan;
 import org.apache.spark.sql.execution.arrow.ArrowBatchStreamWriter;
-import org.apache.spark.sql.execution.columnar.InMemoryRelation;
-import org.apache.spark.sql.execution.columnar.InMemoryTableScanExec;
 import org.apache.spark.sql.execution.datasources.v2.BatchScanExec;
 import org.apache.spark.sql.execution.exchange.Exchange;
 import org.apache.spark.sql.execution.exchange.ReusedExchangeExec;
@@ -135,14 +129,14 @@ public final class DriverRun {
   }
 
   /**
-   * One run of a plan: the tasks it computes here, the parts computed once (by the exchange or
-   * cache they stand for), the plans run, and the rows its scans read.
+   * One run of a plan: the tasks it computes here, the parts computed once (by the exchange they
+   * stand for), the plans run, and the rows its scans read.
    */
   private static final class Run {
     private static final ClassTag<InternalRow> ROW = ClassTag$.MODULE$.apply(InternalRow.class);
     private final SparkContext context;
     private final Properties properties;
-    private final Map<Object, RDD<InternalRow>> computed = new IdentityHashMap<>();
+    private final Map<Exchange, RDD<InternalRow>> computed = new IdentityHashMap<>();
     private final List<SparkPlan> executed = new ArrayList<>();
     private long read;
 
@@ -152,8 +146,8 @@ public final class DriverRun {
     }
 
     /**
-     * {@code plan} with each exchange into one partition, reuse of one, and scan of a cached
-     * relation replaced by a scan of rows computed here (once per exchange or cache).
+     * {@code plan} with each exchange into one partition, and each reuse of one, replaced by a
+     * scan of rows computed here (once per exchange).
      */
     SparkPlan computable(SparkPlan plan) throws SparkException {
       SparkPlan out;
@@ -161,25 +155,11 @@ public final class DriverRun {
         Exchange exchange = plan instanceof ReusedExchangeExec reused ? reused.child() : (Exchange) plan;
         RDD<InternalRow> rows = computed.get(exchange);
         if (rows == null) {
-          rows = rowsOf(computable(exchange.child()), true);
+          rows = rowsOf(computable(exchange.child()));
           computed.put(exchange, rows);
         }
         out = new RDDScanExec(plan.output(), rows, "rows computed on the driver", plan.outputPartitioning(),
             plan.outputOrdering(), scala.Option.empty());
-      } else if (cachedScan(plan) != null) {
-        InMemoryTableScanExec scan = cachedScan(plan);
-        InMemoryRelation relation = scan.relation();
-        RDD<InternalRow> rows = computed.get(relation.cacheBuilder());
-        if (rows == null) {
-          rows = rowsOf(computable(relation.cachedPlan()), false);
-          computed.put(relation.cacheBuilder(), rows);
-        }
-        @SuppressWarnings("unchecked")
-        scala.collection.immutable.Seq<NamedExpression> columns =
-            (scala.collection.immutable.Seq<NamedExpression>) (scala.collection.immutable.Seq<?>) scan.attributes();
-        out = new ProjectExec(columns, new RDDScanExec(relation.output(), rows, "rows computed on the driver",
-            new UnknownPartitioning(rows.partitions().length), scala.collection.immutable.List$.MODULE$.empty(),
-            scala.Option.empty()));
       } else {
         List<SparkPlan> children = new ArrayList<>();
         boolean changed = false;
@@ -196,42 +176,22 @@ public final class DriverRun {
     }
 
     /**
-     * The rows of {@code plan}, computed here partition by partition: in one partition (what an
-     * exchange into one partition gives, whatever its input's partitions), or in as many
-     * partitions as the plan has (what a cached relation gives).
+     * The rows of {@code plan}, computed here partition by partition, in one partition (what an
+     * exchange into one partition gives, whatever its input's partitions).
      */
-    private RDD<InternalRow> rowsOf(SparkPlan plan, boolean onePartition) throws SparkException {
+    private RDD<InternalRow> rowsOf(SparkPlan plan) throws SparkException {
       executed.add(plan);
       RDD<InternalRow> rdd = plan.execute();
       Partition[] partitions = rdd.partitions();
-      List<List<InternalRow>> parts = new ArrayList<>();
       List<InternalRow> rows = new ArrayList<>();
       for (Partition partition : partitions) {
-        if (!onePartition) {
-          rows = new ArrayList<>();
-        }
-        List<InternalRow> into = rows;
         task(rdd, partition, partitions.length, it -> {
           while (it.hasNext()) {
-            into.add(it.next().copy());
+            rows.add(it.next().copy());
           }
         });
-        if (!onePartition) {
-          parts.add(rows);
-        }
       }
-      if (onePartition) {
-        parts.add(rows);
-      }
-      if (parts.isEmpty()) {
-        return context.emptyRDD(ROW);
-      }
-      List<RDD<InternalRow>> pieces = new ArrayList<>();
-      for (List<InternalRow> part : parts) {
-        pieces.add(context.parallelize(scala.jdk.javaapi.CollectionConverters.asScala(part).toSeq(), 1, ROW));
-      }
-      return pieces.size() == 1 ? pieces.get(0)
-          : context.union(scala.jdk.javaapi.CollectionConverters.asScala(pieces).toSeq(), ROW);
+      return context.parallelize(scala.jdk.javaapi.CollectionConverters.asScala(rows).toSeq(), 1, ROW);
     }
 
     /**
@@ -294,24 +254,8 @@ public final class DriverRun {
   }
 
   /**
-   * The scan of a cached relation that {@code plan} reads as rows: the plan itself (its parent
-   * reads rows: only a conversion to rows reads a scan's columnar batches), or the scan under
-   * such a conversion; null for any other plan.
-   */
-  private static InMemoryTableScanExec cachedScan(SparkPlan plan) {
-    if (plan instanceof InMemoryTableScanExec scan) {
-      return scan;
-    }
-    if (plan instanceof ColumnarToRowExec rows && rows.child() instanceof InMemoryTableScanExec scan) {
-      return scan;
-    }
-    return null;
-  }
-
-  /**
    * Whether {@code plan} reads only bound and literal rows through narrow operators of the JVM,
-   * Python functions mapped over Arrow batches, exchanges into one partition and scans of
-   * cached relations whose plans are such and read no cached relation.
+   * Python functions mapped over Arrow batches and exchanges into one partition.
    */
   private static boolean local(SparkPlan plan) {
     if (!plan.subqueries().isEmpty()) {
@@ -325,13 +269,6 @@ public final class DriverRun {
     }
     if (plan instanceof ReusedExchangeExec reused) {
       return reused.child() instanceof ShuffleExchangeExec && local(reused.child());
-    }
-    InMemoryTableScanExec cached = cachedScan(plan);
-    if (cached != null) {
-      // A cached part whose own plan reads another cached part runs as a job: computed here,
-      // such parts gave TPC-H's Q13 at scale factor 0.1 wrong rows (the cause is not found yet).
-      SparkPlan computed = cached.relation().cachedPlan();
-      return computed.find(node -> node instanceof InMemoryTableScanExec).isEmpty() && local(computed);
     }
     String name = plan.getClass().getSimpleName();
     if (name.contains("Exchange") || name.contains("Adaptive") || name.contains("Python")

@@ -18,13 +18,13 @@ slots' new rows when its tasks run. Empty relations are still written inline, so
 Spark's optimizer drops what they make empty (most of a 1-change epoch's pipelines); a
 shape is thus the set of non-empty inputs, which is what the plan depends on.
 
-A plan is kept only if running it again is sound, and reads no view but the binder's own
-and views that outlive epochs (stored batches, constant relations:
-:func:`factflow.arrangement.views.lasting_views`); a kept plan is dropped once one of those
-views is, and does not read a persisted probe (see ``EpochContext.persist_shared``).
-Running it again is sound when it runs on the driver (below), which computes its exchanges
-anew at each run; a plan that runs as a job must also be without exchanges (a second job
-reuses their shuffle output) or subqueries (their results are computed once).
+A plan is kept only if it reads no persisted probe (see ``EpochContext.persist_shared``)
+and no view but the binder's own and views that outlive epochs (stored batches, constant
+relations: :func:`factflow.arrangement.views.lasting_views`), and running it again is
+sound; a kept plan is dropped once one of those views is. Running it again is sound when
+it runs on the driver (below), which computes its exchanges anew at each run; a plan that
+runs as a job must also be without exchanges (a second job reuses their shuffle output) or
+subqueries (their results are computed once).
 A statement whose plan cannot be run again keeps its *analysed* plan
 under the same conditions on views, apart from the kept plans (so that it never pushes
 out a plan that runs again: kept together, they made the suite's random streams of

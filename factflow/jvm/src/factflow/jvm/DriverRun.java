@@ -53,8 +53,15 @@ import scala.reflect.ClassTag$;
  * {@code collectAsArrowToPython} would send them, to a file the driver's Python reads. A
  * Python function mapped over Arrow batches ({@code mapInArrow}: factflow's probes of index
  * files, keyed by bound rows) runs in a Python worker of the driver's, as a task's would run in
- * one of its executor's. A plan that reads anything else (files, cached or stored data), runs
- * other Python, shuffles or broadcasts is not run here.
+ * one of its executor's. An exchange into one partition (a subquery the statement reads more
+ * than once, read again through Spark's reuse of the exchange) is computed here once at each
+ * run, so a plan kept and run again here reads its inputs' new rows everywhere, where a job
+ * would reuse the first run's shuffle output. A plan that reads anything else (files, cached
+ * or stored data), runs other Python, shuffles into several partitions or broadcasts is not
+ * run here. (Cached parts, the probes a statement persists, were computed here too for a
+ * while: TPC-H's Q13 at scale factor 0.1 then got wrong rows from a cached part whose plan
+ * read another, and a run of 17 queries ran the 2 GiB driver out of heap; the causes are not
+ * found yet.)
  */
 public final class DriverRun {
   /**

@@ -122,29 +122,16 @@ def test_a_plan_whose_entries_are_computed_once_runs_again_on_the_driver_with_th
     """A small epoch's statement that computes a ``WITH`` entry once (an exchange into one
     partition, read again through Spark's reuse of it) runs on the driver, which computes the
     exchange anew at every run: so its plan is kept, and each later run reads the rows bound
-    for it. (Run as a job, the kept plan would read the first run's shuffle output again.) One
-    that reads a persisted probe still runs as a job and is not kept."""
+    for it. (Run as a job, the kept plan would read the first run's shuffle output again.)"""
 
-    def run(rows: list[tuple[int, str]], persist: bool = False) -> list[tuple[int, int]]:
+    def run(rows: list[tuple[int, str]]) -> list[tuple[int, int]]:
         with small_statements(spark, EngineConfig().small_conf), bound.binding(binder):
             relation = binder.relation(_frame(rows), SCHEMA)
             definition = f"SELECT e, length(v) AS l FROM {relation} WHERE e > 0"
-            view, probe = binder.probe_view(definition, lambda: spark.sql(definition))
-            persisted = []
-
-            def prepare(reads) -> bool:
-                if persist:
-                    persisted.append(probe.persist())
-                return persist
-
-            try:
-                table = bound.run(spark, f"WITH w AS (SELECT * FROM (SELECT a.e, a.l FROM {view} a JOIN {view} b "
-                                         "ON a.e = b.e) WHERE rand() >= 0) "
-                                         "SELECT x.l, count(*) AS n FROM w x JOIN w y ON x.e = y.e GROUP BY x.l",
-                                  prepare)
-            finally:
-                for frame in persisted:
-                    frame.unpersist()
+            view, _ = binder.probe_view(definition, lambda: spark.sql(definition))
+            table = bound.run(spark, f"WITH w AS (SELECT * FROM (SELECT a.e, a.l FROM {view} a JOIN {view} b "
+                                     "ON a.e = b.e) WHERE rand() >= 0) "
+                                     "SELECT x.l, count(*) AS n FROM w x JOIN w y ON x.e = y.e GROUP BY x.l")
         return sorted(zip(table.column("l").to_pylist(), table.column("n").to_pylist()))
 
     assert run([(1, "a"), (2, "b"), (0, "zz")]) == [(1, 2)]
@@ -154,10 +141,48 @@ def test_a_plan_whose_entries_are_computed_once_runs_again_on_the_driver_with_th
     assert run([(4, "c"), (5, "dd"), (6, "c")]) == [(1, 2), (2, 1)]
     assert (binder.planned, binder.reused) == (1, 2)
     assert len(binder.take_on_driver()) == 3
-    binder.close()
-    assert run([(7, "a")], persist=True) == [(1, 1)]
-    assert run([(8, "bb")], persist=True) == [(2, 1)]
-    assert not list(binder._plans) and not binder.take_on_driver()
+
+
+def test_a_plan_reading_persisted_probes_runs_again_on_the_driver_as_their_scans_are_partitioned(spark, binder):
+    """A small epoch's statement that reads persisted probes, one of whose plans reads another
+    (as TPC-H's Q13 counts orders per customer from probed changes and state), runs on the
+    driver, which computes each probe there anew at every run: so its plan is kept, and each
+    later run reads the rows bound for it. A probe computed there is read as partitioned as
+    its scan says: here a union of it with other rows in one partition stays one partition,
+    and the sum over it one row per key (said to be partitioned otherwise, the union split in
+    two, and Q13 at scale factor 0.1 counted a customer's new order alone)."""
+
+    def run(changes: list[tuple[int, str]], state: list[tuple[int, str]]) -> tuple[list[tuple[int, int]], int]:
+        with small_statements(spark, EngineConfig().small_conf), bound.binding(binder):
+            delta, old = binder.relation(_frame(changes), SCHEMA), binder.relation(_frame(state), SCHEMA)
+            counted = f"SELECT e, length(v) AS d FROM {delta}"
+            inner_view, inner = binder.probe_view(counted, lambda: spark.sql(counted))
+            summed = (f"SELECT e, sum(d) AS n FROM (SELECT e, d FROM {inner_view} "
+                      f"UNION ALL SELECT e, length(v) AS d FROM {old}) GROUP BY e")
+            outer_view, outer = binder.probe_view(summed, lambda: spark.sql(summed))
+            persisted = []
+
+            def prepare(reads) -> bool:
+                persisted.extend([inner.persist(), outer.persist()])  # the outer's cached plan reads the inner
+                return True
+
+            try:
+                table, jobs = _jobs_in(spark, "factflow-test-persisted", lambda: bound.run(
+                    spark, f"SELECT x.e, x.n FROM (SELECT /*+ COALESCE(1) */ a.e, a.n FROM {outer_view} a "
+                           f"JOIN {outer_view} b ON a.e = b.e AND a.n = b.n) x JOIN {inner_view} c ON x.e = c.e",
+                    prepare))
+            finally:
+                for frame in persisted:
+                    frame.unpersist()
+        return sorted(zip(table.column("e").to_pylist(), table.column("n").to_pylist())), jobs
+
+    assert run([(1, "a"), (2, "bb")], [(1, "ccc"), (3, "d")]) == ([(1, 4), (2, 2)], 0)
+    (kept,) = binder._plans.values()
+    assert "InMemoryTableScan" in kept.frame._jdf.queryExecution().executedPlan().toString()
+    assert run([(3, "bb")], [(3, "d"), (1, "a")]) == ([(3, 3)], 0)
+    assert run([(1, "a"), (1, "bb")], [(1, "ccc")]) == ([(1, 6), (1, 6)], 0)
+    assert (binder.planned, binder.reused) == (1, 2)
+    assert len(binder.take_on_driver()) == 3
 
 
 def test_statements_run_on_the_driver_leave_the_block_managers_writers_outside_tasks_alone(spark):

@@ -18,13 +18,14 @@ slots' new rows when its tasks run. Empty relations are still written inline, so
 Spark's optimizer drops what they make empty (most of a 1-change epoch's pipelines); a
 shape is thus the set of non-empty inputs, which is what the plan depends on.
 
-A plan is kept only if it reads no persisted probe (see ``EpochContext.persist_shared``)
-and no view but the binder's own and views that outlive epochs (stored batches, constant
-relations: :func:`factflow.arrangement.views.lasting_views`), and running it again is
-sound; a kept plan is dropped once one of those views is. Running it again is sound when
-it runs on the driver (below), which computes its exchanges anew at each run; a plan that
-runs as a job must also be without exchanges (a second job reuses their shuffle output) or
-subqueries (their results are computed once).
+A plan is kept only if it reads no view but the binder's own and views that outlive epochs
+(stored batches, constant relations: :func:`factflow.arrangement.views.lasting_views`),
+and running it again is sound; a kept plan is dropped once one of those views is. Running
+it again is sound when it runs on the driver (below), which computes the parts it computes
+once (exchanges, persisted probes) anew at each run; a plan that runs as a job must also
+be without exchanges (a second job reuses their shuffle output) or subqueries (their
+results are computed once), and read no probe persisted for it (see
+``EpochContext.persist_shared``: a later job would read that run's cache, or none).
 A statement whose plan cannot be run again keeps its *analysed* plan
 under the same conditions on views, apart from the kept plans (so that it never pushes
 out a plan that runs again: kept together, they made the suite's random streams of
@@ -46,13 +47,15 @@ character of the statement (a small epoch of 22 TPC-H queries plans statements o
 characters, whose kept plans held about 150 MB each: 64 of them were more than a 2 GiB
 driver has, and planning the next such statement needs several hundred MB while it runs).
 
-A kept or planned statement whose plan reads nothing but slots and literal rows, with no
-subquery and no exchange but into one partition (a small epoch's statement over state the
+A kept or planned statement whose plan reads nothing but slots and literal rows (directly
+or through probes persisted for it), with no subquery and no exchange but into one partition (a small epoch's statement over state the
 driver holds, or probing index files by keys the driver holds), runs in the driver's JVM as
 its one task would, without a Spark job (:func:`collected`, ``DriverRun``). An exchange into
-one partition that Spark reuses (a ``WITH`` entry computed once) is computed there at each
-run, so such plans are kept too (docs/benchmarks.md, "Entries computed once, on the
-driver"). On a cluster, a job of one task
+one partition that Spark reuses (a ``WITH`` entry computed once) and a probe persisted for
+the statement are computed there at each run (the probe's cache is never filled), so such
+plans are kept too (docs/benchmarks.md, "Entries computed once, on the driver" and
+"Persisted probes on the driver": all 22 TPC-H queries' small epochs run no job). On a
+cluster, a job of one task
 costs an executor deserializing a plan of a few hundred operators that it runs a few times
 a minute, and Spark's scheduling in any mode (LDBC's one-change epochs with five queries in
 local mode: 0.101 s with jobs, 0.050 s without, same hour). Its probes (``mapInArrow``) run
@@ -253,7 +256,7 @@ class Binder:
         (or planned from its kept analysed plan); ``prepare`` is called before a statement
         planned anew runs, with what gives the views its analysed plan reads, and returns
         whether it changed what the plan reads (persisted part of it): such a plan is kept
-        only analysed."""
+        whole only if it runs on the driver, otherwise analysed."""
         lasting = lasting_views()
         self._plans.keep_reading(lasting)
         self._analysed.keep_reading(lasting)
@@ -273,7 +276,7 @@ class Binder:
         table, on_driver = self._collected(frame)
         self.planned += 1
         if analysed is None and (views := self._views_read(sql)) <= lasting:
-            if not prepared and (on_driver or self._reusable(frame)):
+            if on_driver or (not prepared and self._reusable(frame)):
                 self._plans.add(sql, _Statement(frame, views, reads))
             else:  # hold the analysed plan alone, not the optimized and physical ones
                 self._analysed.add(sql, _Statement(_replanned(self.spark, frame), views, reads))
@@ -441,7 +444,7 @@ def collected(frame: "DataFrame") -> Collected:
     only bound and literal rows, with no subquery, no exchange but into one partition, and no
     Python other than ``mapInArrow`` (run in a Python worker of the driver's), runs in the
     driver's JVM as its one task would, without a Spark job (``DriverRun`` in
-    ``factflow/jvm``; its exchanges computed there, anew); any other runs
+    ``factflow/jvm``; its exchanges and persisted parts computed there, anew); any other runs
     as a job, as every plan does on a session without factflow's jar on the driver."""
     spark = frame.sparkSession
     driver_run = spark._jvm.factflow.jvm.DriverRun  # a JavaPackage, not a class, without the jar

@@ -112,8 +112,9 @@ class EpochContext:
         more than it saves (persisting every probe made the heavier epochs of the
         worst-case optimal triangles over oregon1 a fifth slower).
 
-        Returns whether the statement reads a persisted probe (a plan that does must not be
-        run again in later epochs, see :mod:`factflow.arrangement.bound`)."""
+        Returns whether the statement reads a persisted probe (a plan that does is run again
+        in later epochs only on the driver, which computes the probe anew; see
+        :mod:`factflow.arrangement.bound`)."""
         if not self.probes_registered:
             return False
         counts = reads()

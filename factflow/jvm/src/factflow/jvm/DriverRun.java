@@ -25,13 +25,18 @@ import org.apache.spark.rdd.RDD;
 import org.apache.spark.SparkContext;
 import org.apache.spark.sql.Row;
 import org.apache.spark.sql.catalyst.InternalRow;
+import org.apache.spark.sql.catalyst.expressions.Expression;
+import org.apache.spark.sql.catalyst.expressions.UnsafeProjection;
+import org.apache.spark.sql.catalyst.expressions.UnsafeProjection$;
 import org.apache.spark.sql.catalyst.plans.physical.SinglePartition$;
 import org.apache.spark.sql.classic.Dataset;
+import org.apache.spark.sql.execution.ColumnarToRowExec;
 import org.apache.spark.sql.execution.LocalTableScanExec;
 import org.apache.spark.sql.execution.RDDScanExec;
 import org.apache.spark.sql.execution.SortExec;
 import org.apache.spark.sql.execution.SparkPlan;
 import org.apache.spark.sql.execution.arrow.ArrowBatchStreamWriter;
+import org.apache.spark.sql.execution.columnar.InMemoryTableScanExec;
 import org.apache.spark.sql.execution.datasources.v2.BatchScanExec;
 import org.apache.spark.sql.execution.exchange.Exchange;
 import org.apache.spark.sql.execution.exchange.ReusedExchangeExec;
@@ -53,15 +58,13 @@ import scala.reflect.ClassTag$;
  * {@code collectAsArrowToPython} would send them, to a file the driver's Python reads. A
  * Python function mapped over Arrow batches ({@code mapInArrow}: factflow's probes of index
  * files, keyed by bound rows) runs in a Python worker of the driver's, as a task's would run in
- * one of its executor's. An exchange into one partition (a subquery the statement reads more
- * than once, read again through Spark's reuse of the exchange) is computed here once at each
- * run, so a plan kept and run again here reads its inputs' new rows everywhere, where a job
- * would reuse the first run's shuffle output. A plan that reads anything else (files, cached
- * or stored data), runs other Python, shuffles into several partitions or broadcasts is not
- * run here. (Cached parts, the probes a statement persists, were computed here too for a
- * while: TPC-H's Q13 at scale factor 0.1 then got wrong rows from a cached part whose plan
- * read another, and a run of 17 queries ran the 2 GiB driver out of heap; the causes are not
- * found yet.)
+ * one of its executor's. The parts a statement computes once and reads again are computed
+ * here once at each run: an exchange into one partition (a subquery the statement reads more
+ * than once, read again through Spark's reuse of the exchange) and a cached relation (a probe
+ * the statement persists; its cache is never filled). So a plan kept and run again here reads
+ * its inputs' new rows everywhere, where a job would reuse the first run's shuffle output and
+ * a cache would hold the first run's rows. A plan that reads anything else (files, stored
+ * data), runs other Python, shuffles into several partitions or broadcasts is not run here.
  */
 public final class DriverRun {
   /**
@@ -96,7 +99,8 @@ public final class DriverRun {
 
   /**
    * The rows of {@code frame} computed in this JVM, written to a new file under
-   * {@code directory}; null when its plan reads anything but bound and literal rows, or
+   * {@code directory}; null when its plan reads anything but bound and literal rows (cached
+   * relations of such rows included), or
    * needs an exchange into several partitions (its own, as a limit over several partitions
    * has), a subquery or Python other than {@code mapInArrow}.
    */
@@ -136,14 +140,16 @@ public final class DriverRun {
   }
 
   /**
-   * One run of a plan: the tasks it computes here, the parts computed once (by the exchange they
-   * stand for), the plans run, and the rows its scans read.
+   * One run of a plan: the tasks it computes here, the parts computed once (by the exchange or
+   * cache they stand for; a cache's rows by partition), the plans run, and the rows its scans
+   * read.
    */
   private static final class Run {
     private static final ClassTag<InternalRow> ROW = ClassTag$.MODULE$.apply(InternalRow.class);
     private final SparkContext context;
     private final Properties properties;
     private final Map<Exchange, RDD<InternalRow>> computed = new IdentityHashMap<>();
+    private final Map<Object, List<List<InternalRow>>> cached = new IdentityHashMap<>();
     private final List<SparkPlan> executed = new ArrayList<>();
     private long read;
 
@@ -153,8 +159,8 @@ public final class DriverRun {
     }
 
     /**
-     * {@code plan} with each exchange into one partition, and each reuse of one, replaced by a
-     * scan of rows computed here (once per exchange).
+     * {@code plan} with each exchange into one partition, each reuse of one, and each scan of a
+     * cached relation replaced by a scan of rows computed here (once per exchange or cache).
      */
     SparkPlan computable(SparkPlan plan) throws SparkException {
       SparkPlan out;
@@ -167,6 +173,8 @@ public final class DriverRun {
         }
         out = new RDDScanExec(plan.output(), rows, "rows computed on the driver", plan.outputPartitioning(),
             plan.outputOrdering(), scala.Option.empty());
+      } else if (cachedScan(plan) != null) {
+        out = computed(cachedScan(plan));
       } else {
         List<SparkPlan> children = new ArrayList<>();
         boolean changed = false;
@@ -183,22 +191,63 @@ public final class DriverRun {
     }
 
     /**
+     * A scan of the rows of {@code scan}'s cached relation, computed here (once per cache): its
+     * columns, in its partitions, and said to be partitioned and ordered as the scan says its
+     * rows are. Operators above it rely on that: a union of inputs partitioned alike keeps
+     * their partitions, so an aggregate over it needs no exchange. (Said to be partitioned
+     * otherwise, such a union gave two partitions, and TPC-H's Q13 at scale factor 0.1 counted
+     * a customer's orders in each.)
+     */
+    private SparkPlan computed(InMemoryTableScanExec scan) throws SparkException {
+      List<List<InternalRow>> parts = cached.get(scan.relation().cacheBuilder());
+      if (parts == null) {
+        parts = partitionsOf(computable(scan.relation().cachedPlan()));
+        cached.put(scan.relation().cacheBuilder(), parts);
+      }
+      @SuppressWarnings("unchecked")
+      UnsafeProjection columns = UnsafeProjection$.MODULE$.create(
+          (scala.collection.immutable.Seq<Expression>) (scala.collection.immutable.Seq<?>) scan.attributes(),
+          scan.relation().output());
+      List<RDD<InternalRow>> pieces = new ArrayList<>();
+      for (List<InternalRow> part : parts) {
+        List<InternalRow> projected = new ArrayList<>(part.size());
+        for (InternalRow row : part) {
+          projected.add(columns.apply(row).copy());
+        }
+        pieces.add(context.parallelize(scala.jdk.javaapi.CollectionConverters.asScala(projected).toSeq(), 1, ROW));
+      }
+      RDD<InternalRow> rows = pieces.isEmpty() ? context.emptyRDD(ROW) : pieces.size() == 1 ? pieces.get(0)
+          : context.union(scala.jdk.javaapi.CollectionConverters.asScala(pieces).toSeq(), ROW);
+      return new RDDScanExec(scan.output(), rows, "rows computed on the driver", scan.outputPartitioning(),
+          scan.outputOrdering(), scala.Option.empty());
+    }
+
+    /**
      * The rows of {@code plan}, computed here partition by partition, in one partition (what an
      * exchange into one partition gives, whatever its input's partitions).
      */
     private RDD<InternalRow> rowsOf(SparkPlan plan) throws SparkException {
+      List<InternalRow> rows = new ArrayList<>();
+      partitionsOf(plan).forEach(rows::addAll);
+      return context.parallelize(scala.jdk.javaapi.CollectionConverters.asScala(rows).toSeq(), 1, ROW);
+    }
+
+    /** The rows of {@code plan}, computed here partition by partition, by partition. */
+    private List<List<InternalRow>> partitionsOf(SparkPlan plan) throws SparkException {
       executed.add(plan);
       RDD<InternalRow> rdd = plan.execute();
       Partition[] partitions = rdd.partitions();
-      List<InternalRow> rows = new ArrayList<>();
+      List<List<InternalRow>> parts = new ArrayList<>();
       for (Partition partition : partitions) {
+        List<InternalRow> rows = new ArrayList<>();
         task(rdd, partition, partitions.length, it -> {
           while (it.hasNext()) {
             rows.add(it.next().copy());
           }
         });
+        parts.add(rows);
       }
-      return context.parallelize(scala.jdk.javaapi.CollectionConverters.asScala(rows).toSeq(), 1, ROW);
+      return parts;
     }
 
     /**
@@ -261,8 +310,23 @@ public final class DriverRun {
   }
 
   /**
+   * The scan of a cached relation that {@code plan} reads as rows: the plan itself, or the
+   * scan under a conversion of its batches to rows; null for any other plan.
+   */
+  private static InMemoryTableScanExec cachedScan(SparkPlan plan) {
+    if (plan instanceof InMemoryTableScanExec scan) {
+      return scan;
+    }
+    if (plan instanceof ColumnarToRowExec rows && rows.child() instanceof InMemoryTableScanExec scan) {
+      return scan;
+    }
+    return null;
+  }
+
+  /**
    * Whether {@code plan} reads only bound and literal rows through narrow operators of the JVM,
-   * Python functions mapped over Arrow batches and exchanges into one partition.
+   * Python functions mapped over Arrow batches, exchanges into one partition and cached
+   * relations whose plans are such.
    */
   private static boolean local(SparkPlan plan) {
     if (!plan.subqueries().isEmpty()) {
@@ -276,6 +340,10 @@ public final class DriverRun {
     }
     if (plan instanceof ReusedExchangeExec reused) {
       return reused.child() instanceof ShuffleExchangeExec && local(reused.child());
+    }
+    InMemoryTableScanExec cached = cachedScan(plan);
+    if (cached != null) {
+      return local(cached.relation().cachedPlan());
     }
     String name = plan.getClass().getSimpleName();
     if (name.contains("Exchange") || name.contains("Adaptive") || name.contains("Python")

@@ -185,6 +185,27 @@ def test_a_plan_reading_persisted_probes_runs_again_on_the_driver_as_their_scans
     assert len(binder.take_on_driver()) == 3
 
 
+def test_a_statement_whose_parts_computed_once_are_too_large_for_the_driver_runs_as_a_job(spark, binder):
+    """The rows a statement run on the driver computes once (a ``WITH`` entry read twice) are
+    held there for the run; past the bytes it may hold (an eighth of the heap by default) the
+    driver gives up, leaving nothing behind, and the statement runs as a job, whose parts
+    Spark may spill."""
+    files = _driver_run_files()
+    with small_statements(spark, EngineConfig().small_conf), bound.binding(binder):
+        relation = binder.relation(_frame([(i, "v" * (i % 7)) for i in range(1, 301)]), SCHEMA)
+        frame = spark.sql(f"WITH w AS (SELECT * FROM (SELECT e, length(v) AS l FROM {relation}) WHERE rand() >= 0) "
+                          "SELECT x.l, count(*) AS n FROM w x JOIN w y ON x.e = y.e GROUP BY x.l")
+        driver_run = spark._jvm.factflow.jvm.DriverRun
+        assert driver_run.collect(frame._jdf, tempfile.gettempdir(), 1_000) is None
+        found = driver_run.collect(frame._jdf, tempfile.gettempdir(), 1 << 20)
+        assert found is not None
+        Path(found.file()).unlink()
+        table, jobs = _jobs_in(spark, "factflow-test-as-job", lambda: bound.collected(frame).table)
+        assert jobs == 0  # the default allows these 300 rows
+    assert _driver_run_files() == files
+    assert sorted(table.column("n").to_pylist()) == [42] + [43] * 6
+
+
 def test_statements_run_on_the_driver_leave_the_block_managers_writers_outside_tasks_alone(spark):
     """A statement run on the driver registers its task with the block manager and releases its
     locks after, as an executor does (memory it needs may evict cached blocks). Its task's id

@@ -444,8 +444,9 @@ def collected(frame: "DataFrame") -> Collected:
     only bound and literal rows, with no subquery, no exchange but into one partition, and no
     Python other than ``mapInArrow`` (run in a Python worker of the driver's), runs in the
     driver's JVM as its one task would, without a Spark job (``DriverRun`` in
-    ``factflow/jvm``; its exchanges and persisted parts computed there, anew); any other runs
-    as a job, as every plan does on a session without factflow's jar on the driver."""
+    ``factflow/jvm``; its exchanges and persisted parts computed there, anew, unless they
+    come to more than an eighth of the driver's heap); any other runs as a job, as every
+    plan does on a session without factflow's jar on the driver."""
     spark = frame.sparkSession
     driver_run = spark._jvm.factflow.jvm.DriverRun  # a JavaPackage, not a class, without the jar
     found = driver_run.collect(frame._jdf, tempfile.gettempdir()) if isinstance(driver_run, JavaClass) else None

@@ -28,6 +28,7 @@ import org.apache.spark.sql.catalyst.InternalRow;
 import org.apache.spark.sql.catalyst.expressions.Expression;
 import org.apache.spark.sql.catalyst.expressions.UnsafeProjection;
 import org.apache.spark.sql.catalyst.expressions.UnsafeProjection$;
+import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
 import org.apache.spark.sql.catalyst.plans.physical.SinglePartition$;
 import org.apache.spark.sql.classic.Dataset;
 import org.apache.spark.sql.execution.ColumnarToRowExec;
@@ -74,6 +75,13 @@ public final class DriverRun {
    */
   private static final AtomicLong ATTEMPTS = new AtomicLong(-(1L << 40));
 
+  /**
+   * The most bytes of rows one run holds in the parts it computes once, by default: an eighth
+   * of the driver's heap. A job would keep them in Spark's memory, which spills to disk; held
+   * here, they would take the heap.
+   */
+  private static final long HELD_BYTES = Runtime.getRuntime().maxMemory() / 8;
+
   private DriverRun() {}
 
   /**
@@ -102,9 +110,19 @@ public final class DriverRun {
    * {@code directory}; null when its plan reads anything but bound and literal rows (cached
    * relations of such rows included), or
    * needs an exchange into several partitions (its own, as a limit over several partitions
-   * has), a subquery or Python other than {@code mapInArrow}.
+   * has), a subquery or Python other than {@code mapInArrow}; null too when the parts it
+   * computes once come to more than an eighth of the heap (the statement then runs as a job).
    */
   public static Collected collect(Dataset<Row> frame, String directory) throws IOException, SparkException {
+    return collect(frame, directory, HELD_BYTES);
+  }
+
+  /**
+   * {@link #collect(Dataset, String)}, with at most {@code heldBytes} of rows held in the parts
+   * computed once: null as soon as they come to more (nothing is left of the run).
+   */
+  public static Collected collect(Dataset<Row> frame, String directory, long heldBytes)
+      throws IOException, SparkException {
     SparkPlan plan = frame.queryExecution().executedPlan();
     if (!local(plan)) {
       return null;
@@ -113,7 +131,7 @@ public final class DriverRun {
     Properties properties = new Properties();
     properties.putAll(frame.sparkSession().sparkContext().getLocalProperties());
     scala.jdk.javaapi.CollectionConverters.asJava(conf.getAllConfs()).forEach(properties::setProperty);
-    Run run = new Run(frame.sparkSession().sparkContext(), properties);
+    Run run = new Run(frame.sparkSession().sparkContext(), properties, heldBytes);
     Path file = Files.createTempFile(Path.of(directory), "factflow-driver-run-", ".arrow");
     try (OutputStream out = new BufferedOutputStream(Files.newOutputStream(file), 64 * 1024)) {
       RDD<byte[]> batches = frame.toArrowBatchRdd(run.computable(plan));
@@ -124,6 +142,9 @@ public final class DriverRun {
         run.task(batches, partition, partitions.length, writer::writeBatches);
       }
       writer.end();
+    } catch (TooLarge e) {
+      Files.deleteIfExists(file);
+      return null;
     } catch (IOException | SparkException | RuntimeException | Error e) {
       Files.deleteIfExists(file);
       throw e;
@@ -134,6 +155,15 @@ public final class DriverRun {
     return new Collected(file.toString(), run.read);
   }
 
+  /** A run's parts computed once came to more than it may hold. */
+  private static final class TooLarge extends RuntimeException {
+    private static final long serialVersionUID = 1L;
+
+    TooLarge() {
+      super("the parts a statement computes once are too large to hold on the driver", null, false, false);
+    }
+  }
+
   /** What a task does with the rows of its partition. */
   private interface PartitionConsumer<T> {
     void accept(scala.collection.Iterator<T> rows);
@@ -141,8 +171,8 @@ public final class DriverRun {
 
   /**
    * One run of a plan: the tasks it computes here, the parts computed once (by the exchange or
-   * cache they stand for; a cache's rows by partition), the plans run, and the rows its scans
-   * read.
+   * cache they stand for; a cache's rows by partition), the plans run, the rows its scans
+   * read, and the bytes of rows it holds.
    */
   private static final class Run {
     private static final ClassTag<InternalRow> ROW = ClassTag$.MODULE$.apply(InternalRow.class);
@@ -151,11 +181,23 @@ public final class DriverRun {
     private final Map<Exchange, RDD<InternalRow>> computed = new IdentityHashMap<>();
     private final Map<Object, List<List<InternalRow>>> cached = new IdentityHashMap<>();
     private final List<SparkPlan> executed = new ArrayList<>();
+    private final long heldBytes;
     private long read;
+    private long held;
 
-    Run(SparkContext context, Properties properties) {
+    Run(SparkContext context, Properties properties, long heldBytes) {
       this.context = context;
       this.properties = properties;
+      this.heldBytes = heldBytes;
+    }
+
+    /** {@code row}, now held by this run; {@link TooLarge} past the bytes it may hold. */
+    private InternalRow held(InternalRow row) {
+      held += (row instanceof UnsafeRow unsafe ? unsafe.getSizeInBytes() : 64) + 16;
+      if (held > heldBytes) {
+        throw new TooLarge();
+      }
+      return row;
     }
 
     /**
@@ -212,7 +254,7 @@ public final class DriverRun {
       for (List<InternalRow> part : parts) {
         List<InternalRow> projected = new ArrayList<>(part.size());
         for (InternalRow row : part) {
-          projected.add(columns.apply(row).copy());
+          projected.add(held(columns.apply(row).copy()));
         }
         pieces.add(context.parallelize(scala.jdk.javaapi.CollectionConverters.asScala(projected).toSeq(), 1, ROW));
       }
@@ -242,7 +284,7 @@ public final class DriverRun {
         List<InternalRow> rows = new ArrayList<>();
         task(rdd, partition, partitions.length, it -> {
           while (it.hasNext()) {
-            rows.add(it.next().copy());
+            rows.add(held(it.next().copy()));
           }
         });
         parts.add(rows);

@@ -235,6 +235,22 @@ def test_kept_plans_hold_no_more_than_their_memory_by_the_length_of_their_text(s
         binder.close()
 
 
+def test_kept_statements_are_counted_by_their_characters_times_their_weight():
+    """A kept plan that reads probes persisted for it holds their cached relations' plans
+    too, so it is counted at ``PERSISTED_PLAN_WEIGHT`` times its characters."""
+    kept = bound._Kept(capacity=10, memory=100, per_character=1)
+    statement = bound._Statement(None, frozenset({"ff_view1"}), lambda: None)
+    kept.add("a" * 40, statement)
+    kept.add("b" * 40, statement, weight=1.5)  # 60: 100 in all
+    assert list(kept) == ["a" * 40, "b" * 40]
+    kept.add("c" * 10, statement)  # 110: the least recently used goes
+    assert list(kept) == ["b" * 40, "c" * 10]
+    kept.add("d" * 70, statement, weight=1.5)  # 105 alone: never kept
+    assert list(kept) == ["b" * 40, "c" * 10]
+    kept.keep_reading(frozenset())  # the view they read is gone
+    assert not list(kept) and kept._characters == 0
+
+
 def test_probe_views_hold_half_the_memory_by_their_text_as_analysed_plans(spark):
     """Between statement groups, the least recently used parameterized probe views go while
     their definitions, at ``ANALYSED_BYTES_PER_CHARACTER``, take more than half the memory."""

@@ -8,6 +8,7 @@ kept only where running it again is sound.
 
 from __future__ import annotations
 
+import itertools
 import re
 import tempfile
 import zipfile
@@ -143,7 +144,8 @@ def test_a_plan_whose_entries_are_computed_once_runs_again_on_the_driver_with_th
     assert len(binder.take_on_driver()) == 3
 
 
-def test_a_plan_reading_persisted_probes_runs_again_on_the_driver_as_their_scans_are_partitioned(spark, binder):
+def test_a_plan_reading_persisted_probes_runs_again_on_the_driver_as_their_scans_are_partitioned(spark, binder,
+                                                                                                  monkeypatch):
     """A small epoch's statement that reads persisted probes, one of whose plans reads another
     (as TPC-H's Q13 counts orders per customer from probed changes and state), runs on the
     driver, which computes each probe there anew at every run: so its plan is kept, and each
@@ -151,6 +153,8 @@ def test_a_plan_reading_persisted_probes_runs_again_on_the_driver_as_their_scans
     its scan says: here a union of it with other rows in one partition stays one partition,
     and the sum over it one row per key (said to be partitioned otherwise, the union split in
     two, and Q13 at scale factor 0.1 counted a customer's new order alone)."""
+
+    runs = itertools.count()
 
     def run(changes: list[tuple[int, str]], state: list[tuple[int, str]]) -> tuple[list[tuple[int, int]], int]:
         with small_statements(spark, EngineConfig().small_conf), bound.binding(binder):
@@ -167,7 +171,7 @@ def test_a_plan_reading_persisted_probes_runs_again_on_the_driver_as_their_scans
                 return True
 
             try:
-                table, jobs = _jobs_in(spark, "factflow-test-persisted", lambda: bound.run(
+                table, jobs = _jobs_in(spark, f"factflow-test-persisted-{next(runs)}", lambda: bound.run(
                     spark, f"SELECT x.e, x.n FROM (SELECT /*+ COALESCE(1) */ a.e, a.n FROM {outer_view} a "
                            f"JOIN {outer_view} b ON a.e = b.e AND a.n = b.n) x JOIN {inner_view} c ON x.e = c.e",
                     prepare))
@@ -183,26 +187,34 @@ def test_a_plan_reading_persisted_probes_runs_again_on_the_driver_as_their_scans
     assert run([(1, "a"), (1, "bb")], [(1, "ccc")]) == ([(1, 6), (1, 6)], 0)
     assert (binder.planned, binder.reused) == (1, 2)
     assert len(binder.take_on_driver()) == 3
+    # where the driver gives up (parts too large to hold), the kept plan is planned anew and
+    # run as a job (it would read its probes' first cache), then runs on the driver again
+    monkeypatch.setattr(bound, "DRIVER_HELD_FRACTION", 0)
+    rows, jobs = run([(2, "a"), (2, "b")], [(2, "cc")])
+    assert rows == [(2, 4), (2, 4)] and jobs >= 1
+    assert run([(5, "a")], [(5, "b"), (6, "c")])[0] == [(5, 2)]
+    monkeypatch.undo()
+    assert run([(7, "abc")], [(7, "d")]) == ([(7, 4)], 0)
+    assert (binder.planned, binder.reused) == (1, 5)
 
 
-def test_a_statement_whose_parts_computed_once_are_too_large_for_the_driver_runs_as_a_job(spark, binder):
+def test_a_statement_whose_parts_computed_once_are_too_large_for_the_driver_runs_as_a_job(spark, binder, tmp_path):
     """The rows a statement run on the driver computes once (a ``WITH`` entry read twice) are
-    held there for the run; past the bytes it may hold (an eighth of the heap by default) the
-    driver gives up, leaving nothing behind, and the statement runs as a job, whose parts
+    held there for the run; past the bytes it may hold (``DRIVER_HELD_FRACTION`` of the heap)
+    the driver gives up, leaving nothing behind, and the statement runs as a job, whose parts
     Spark may spill."""
-    files = _driver_run_files()
     with small_statements(spark, EngineConfig().small_conf), bound.binding(binder):
         relation = binder.relation(_frame([(i, "v" * (i % 7)) for i in range(1, 301)]), SCHEMA)
         frame = spark.sql(f"WITH w AS (SELECT * FROM (SELECT e, length(v) AS l FROM {relation}) WHERE rand() >= 0) "
                           "SELECT x.l, count(*) AS n FROM w x JOIN w y ON x.e = y.e GROUP BY x.l")
         driver_run = spark._jvm.factflow.jvm.DriverRun
-        assert driver_run.collect(frame._jdf, tempfile.gettempdir(), 1_000) is None
-        found = driver_run.collect(frame._jdf, tempfile.gettempdir(), 1 << 20)
+        assert driver_run.collect(frame._jdf, str(tmp_path), 1_000) is None
+        assert not list(tmp_path.iterdir())
+        found = driver_run.collect(frame._jdf, str(tmp_path), 1 << 20)
         assert found is not None
         Path(found.file()).unlink()
-        table, jobs = _jobs_in(spark, "factflow-test-as-job", lambda: bound.collected(frame).table)
+        table, jobs = _jobs_in(spark, "factflow-test-held-default", lambda: bound.collected(frame).table)
         assert jobs == 0  # the default allows these 300 rows
-    assert _driver_run_files() == files
     assert sorted(table.column("n").to_pylist()) == [42] + [43] * 6
 
 

@@ -145,6 +145,9 @@ def supported(spark: "SparkSession") -> bool:
 PLAN_BYTES_PER_CHARACTER = 1024
 #: the same for a kept analysed plan alone: taken, unmeasured, as a quarter of a whole plan's
 ANALYSED_BYTES_PER_CHARACTER = PLAN_BYTES_PER_CHARACTER // 4
+#: the part of the driver's heap a statement run on the driver may hold in the parts it
+#: computes once (past it, the statement runs as a job, whose parts Spark may spill)
+DRIVER_HELD_FRACTION = 1 / 8
 #: how much more per character a kept plan that reads probes persisted for it holds: their
 #: cached relations' plans too (TPC-H Q21's at SF 0.1 held 47 MiB for 32,917 characters)
 PERSISTED_PLAN_WEIGHT = 1.5
@@ -157,7 +160,7 @@ class Binder:
     def __init__(self, spark: "SparkSession", capacity: int = 64, memory: int | None = None):
         self.spark = spark
         self.capacity = capacity
-        self.memory = memory if memory is not None else spark._jvm.java.lang.Runtime.getRuntime().maxMemory() // 8
+        self.memory = memory if memory is not None else _driver_heap(spark) // 8
         self.planned = 0  # statements planned while active
         self.reused = 0   # statements run from a kept plan
         self.reanalysed = 0  # of those planned, how many started from a kept analysed plan
@@ -266,7 +269,9 @@ class Binder:
         kept = self._plans.get(sql)
         if kept is not None:
             self.reused += 1
-            return self._collected(kept.frame)[0]
+            # run as a job, a kept plan would read its first job's shuffle output and caches:
+            # where the driver gives up, it is planned anew from its analysed plan
+            return self._collected(kept.frame, lambda: _replanned(self.spark, kept.frame))[0]
         analysed = self._analysed.get(sql)
         if analysed is not None:
             self.reanalysed += 1
@@ -285,10 +290,11 @@ class Binder:
                 self._analysed.add(sql, _Statement(_replanned(self.spark, frame), views, reads))
         return table
 
-    def _collected(self, frame: "DataFrame") -> tuple[pa.Table, bool]:
+    def _collected(self, frame: "DataFrame", job: "Callable[[], DataFrame] | None" = None
+                   ) -> tuple[pa.Table, bool]:
         """:func:`collected`, noting a statement run on the driver; and whether it was."""
         began = time.perf_counter()
-        table, read = collected(frame)
+        table, read = collected(frame, job)
         if read is not None:
             description = self.spark.sparkContext.getLocalProperty("spark.job.description")
             self._on_driver.append(DriverRun(description, time.perf_counter() - began, read))
@@ -448,19 +454,21 @@ class Collected(NamedTuple):
     read_on_driver: int | None
 
 
-def collected(frame: "DataFrame") -> Collected:
+def collected(frame: "DataFrame", job: "Callable[[], DataFrame] | None" = None) -> Collected:
     """The rows of ``frame`` as Arrow, as ``frame.toArrow()`` gives them. A plan that reads
     only bound and literal rows, with no subquery, no exchange but into one partition, and no
     Python other than ``mapInArrow`` (run in a Python worker of the driver's), runs in the
     driver's JVM as its one task would, without a Spark job (``DriverRun`` in
     ``factflow/jvm``; its exchanges and persisted parts computed there, anew, unless they
-    come to more than an eighth of the driver's heap); any other runs as a job, as every
-    plan does on a session without factflow's jar on the driver."""
+    come to more than :data:`DRIVER_HELD_FRACTION` of the driver's heap); any other runs as a
+    job (``job()``'s DataFrame, if given, instead of ``frame``), as every plan does on a session
+    without factflow's jar on the driver."""
     spark = frame.sparkSession
     driver_run = spark._jvm.factflow.jvm.DriverRun  # a JavaPackage, not a class, without the jar
-    found = driver_run.collect(frame._jdf, tempfile.gettempdir()) if isinstance(driver_run, JavaClass) else None
+    found = (driver_run.collect(frame._jdf, tempfile.gettempdir(), int(_driver_heap(spark) * DRIVER_HELD_FRACTION))
+             if isinstance(driver_run, JavaClass) else None)
     if found is None:
-        return Collected(frame.toArrow(), None)
+        return Collected((frame if job is None else job()).toArrow(), None)
     schema = to_arrow_schema(frame.schema, error_on_duplicated_field_names_in_struct=True,
                              prefers_large_types=spark._jconf.arrowUseLargeVarTypes())
     path = found.file()  # a file: Py4J hands over bytes slowly (43 ms for 7.5 KB)
@@ -487,6 +495,12 @@ def _counted_once(frame: "DataFrame") -> "Callable[[], Counter[str]]":
     """:func:`analysed_views` of ``frame``, computed when first asked for and then
     remembered (the plan's text costs up to 0.1 s, and most statements read no probe)."""
     return functools.cache(functools.partial(_views_in, frame._jdf.queryExecution().analyzed()))
+
+
+@functools.lru_cache(maxsize=8)
+def _driver_heap(spark: "SparkSession") -> int:
+    """The most heap ``spark``'s driver may use, in bytes."""
+    return spark._jvm.java.lang.Runtime.getRuntime().maxMemory()
 
 
 def _replanned(spark: "SparkSession", frame: "DataFrame") -> "DataFrame":

@@ -75,13 +75,6 @@ public final class DriverRun {
    */
   private static final AtomicLong ATTEMPTS = new AtomicLong(-(1L << 40));
 
-  /**
-   * The most bytes of rows one run holds in the parts it computes once, by default: an eighth
-   * of the driver's heap. A job would keep them in Spark's memory, which spills to disk; held
-   * here, they would take the heap.
-   */
-  private static final long HELD_BYTES = Runtime.getRuntime().maxMemory() / 8;
-
   private DriverRun() {}
 
   /**
@@ -110,16 +103,10 @@ public final class DriverRun {
    * {@code directory}; null when its plan reads anything but bound and literal rows (cached
    * relations of such rows included), or
    * needs an exchange into several partitions (its own, as a limit over several partitions
-   * has), a subquery or Python other than {@code mapInArrow}; null too when the parts it
-   * computes once come to more than an eighth of the heap (the statement then runs as a job).
-   */
-  public static Collected collect(Dataset<Row> frame, String directory) throws IOException, SparkException {
-    return collect(frame, directory, HELD_BYTES);
-  }
-
-  /**
-   * {@link #collect(Dataset, String)}, with at most {@code heldBytes} of rows held in the parts
-   * computed once: null as soon as they come to more (nothing is left of the run).
+   * has), a subquery or Python other than {@code mapInArrow}; null too as soon as the rows
+   * of the parts it computes once come to more than {@code heldBytes} (nothing is left of the
+   * run). A job would keep those parts in Spark's memory, which spills to disk; held here,
+   * they take the heap.
    */
   public static Collected collect(Dataset<Row> frame, String directory, long heldBytes)
       throws IOException, SparkException {

@@ -356,10 +356,14 @@ class _Kept:
         self.per_character = per_character
         self._statements: OrderedDict[str, _Statement] = OrderedDict()
         self._weighted: dict[str, int] = {}  # per statement, its characters times its weight
-        self._characters = 0  # their sum
 
     def __contains__(self, sql: str) -> bool:
         return sql in self._statements
+
+    @property
+    def _characters(self) -> int:
+        """The kept statements' characters, each times its weight."""
+        return sum(self._weighted.values())
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._statements)
@@ -383,7 +387,6 @@ class _Kept:
             return
         self._statements[sql] = statement
         self._weighted[sql] = weighted
-        self._characters += weighted
         while len(self._statements) > self.capacity or self._characters * self.per_character > self.memory:
             self._drop(next(iter(self._statements)))
 
@@ -396,11 +399,10 @@ class _Kept:
         """Drop every statement."""
         self._statements.clear()
         self._weighted.clear()
-        self._characters = 0
 
     def _drop(self, sql: str) -> None:
         del self._statements[sql]
-        self._characters -= self._weighted.pop(sql)
+        del self._weighted[sql]
 
 
 def current() -> Binder | None:

@@ -166,7 +166,7 @@ public final class DriverRun {
     private final SparkContext context;
     private final Properties properties;
     private final Map<Exchange, RDD<InternalRow>> computed = new IdentityHashMap<>();
-    private final Map<Object, List<List<InternalRow>>> cached = new IdentityHashMap<>();
+    private final Map<Object, List<List<InternalRow>>> caches = new IdentityHashMap<>();
     private final List<SparkPlan> executed = new ArrayList<>();
     private final long heldBytes;
     private long read;
@@ -179,7 +179,7 @@ public final class DriverRun {
     }
 
     /** {@code row}, now held by this run; {@link TooLarge} past the bytes it may hold. */
-    private InternalRow held(InternalRow row) {
+    private InternalRow hold(InternalRow row) {
       held += (row instanceof UnsafeRow unsafe ? unsafe.getSizeInBytes() : 64) + 16;
       if (held > heldBytes) {
         throw new TooLarge();
@@ -193,6 +193,7 @@ public final class DriverRun {
      */
     SparkPlan computable(SparkPlan plan) throws SparkException {
       SparkPlan out;
+      InMemoryTableScanExec cached = cachedScan(plan);
       if (plan instanceof ShuffleExchangeExec || plan instanceof ReusedExchangeExec) {
         Exchange exchange = plan instanceof ReusedExchangeExec reused ? reused.child() : (Exchange) plan;
         RDD<InternalRow> rows = computed.get(exchange);
@@ -202,8 +203,8 @@ public final class DriverRun {
         }
         out = new RDDScanExec(plan.output(), rows, "rows computed on the driver", plan.outputPartitioning(),
             plan.outputOrdering(), scala.Option.empty());
-      } else if (cachedScan(plan) != null) {
-        out = computed(cachedScan(plan));
+      } else if (cached != null) {
+        out = scanOfComputed(cached);
       } else {
         List<SparkPlan> children = new ArrayList<>();
         boolean changed = false;
@@ -227,11 +228,11 @@ public final class DriverRun {
      * otherwise, such a union gave two partitions, and TPC-H's Q13 at scale factor 0.1 counted
      * a customer's orders in each.)
      */
-    private SparkPlan computed(InMemoryTableScanExec scan) throws SparkException {
-      List<List<InternalRow>> parts = cached.get(scan.relation().cacheBuilder());
+    private SparkPlan scanOfComputed(InMemoryTableScanExec scan) throws SparkException {
+      List<List<InternalRow>> parts = caches.get(scan.relation().cacheBuilder());
       if (parts == null) {
         parts = partitionsOf(computable(scan.relation().cachedPlan()));
-        cached.put(scan.relation().cacheBuilder(), parts);
+        caches.put(scan.relation().cacheBuilder(), parts);
       }
       @SuppressWarnings("unchecked")
       UnsafeProjection columns = UnsafeProjection$.MODULE$.create(
@@ -241,9 +242,9 @@ public final class DriverRun {
       for (List<InternalRow> part : parts) {
         List<InternalRow> projected = new ArrayList<>(part.size());
         for (InternalRow row : part) {
-          projected.add(held(columns.apply(row).copy()));
+          projected.add(hold(columns.apply(row).copy()));
         }
-        pieces.add(context.parallelize(scala.jdk.javaapi.CollectionConverters.asScala(projected).toSeq(), 1, ROW));
+        pieces.add(onePartition(projected));
       }
       RDD<InternalRow> rows = pieces.isEmpty() ? context.emptyRDD(ROW) : pieces.size() == 1 ? pieces.get(0)
           : context.union(scala.jdk.javaapi.CollectionConverters.asScala(pieces).toSeq(), ROW);
@@ -258,6 +259,11 @@ public final class DriverRun {
     private RDD<InternalRow> rowsOf(SparkPlan plan) throws SparkException {
       List<InternalRow> rows = new ArrayList<>();
       partitionsOf(plan).forEach(rows::addAll);
+      return onePartition(rows);
+    }
+
+    /** {@code rows} as an RDD of one partition. */
+    private RDD<InternalRow> onePartition(List<InternalRow> rows) {
       return context.parallelize(scala.jdk.javaapi.CollectionConverters.asScala(rows).toSeq(), 1, ROW);
     }
 
@@ -271,7 +277,7 @@ public final class DriverRun {
         List<InternalRow> rows = new ArrayList<>();
         task(rdd, partition, partitions.length, it -> {
           while (it.hasNext()) {
-            rows.add(held(it.next().copy()));
+            rows.add(hold(it.next().copy()));
           }
         });
         parts.add(rows);

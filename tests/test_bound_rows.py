@@ -251,7 +251,7 @@ def test_kept_statements_are_counted_by_their_characters_times_their_weight():
     """A kept plan that reads probes persisted for it holds their cached relations' plans
     too, so it is counted at ``PERSISTED_PLAN_WEIGHT`` times its characters."""
     kept = bound._Kept(capacity=10, memory=100, per_character=1)
-    statement = bound._Statement(None, frozenset({"ff_view1"}), lambda: None)
+    statement = bound._Statement(None, frozenset({"ff_view1"}), lambda: None, frozenset())
     kept.add("a" * 40, statement)
     kept.add("b" * 40, statement, weight=1.5)  # 60: 100 in all
     assert list(kept) == ["a" * 40, "b" * 40]
@@ -261,6 +261,56 @@ def test_kept_statements_are_counted_by_their_characters_times_their_weight():
     assert list(kept) == ["b" * 40, "c" * 10]
     kept.keep_reading(frozenset())  # the view they read is gone
     assert not list(kept) and kept._characters == 0
+
+
+def test_a_closed_querys_statements_go_and_its_probe_views_once_no_query_reads_them(spark):
+    """A statement kept for an evaluation goes once any query it evaluated is closed (its
+    text never comes again); a probe view once every query that read it is, unless the
+    engine's own statements (no owner) read it too."""
+    kept = bound._Kept(capacity=10, memory=1000, per_character=1)
+    for sql, owners in (("a", {"q1"}), ("b", {"q1", "q2"}), ("c", {"q2"}), ("d", set())):
+        kept.add(sql, bound._Statement(None, frozenset(), lambda: None, frozenset(owners)))
+    kept.forget("q1")
+    assert list(kept) == ["c", "d"] and kept._characters == 2
+    binder = bound.Binder(spark)
+    try:
+        definitions = [f"SELECT {n} AS n" for n in range(3)]
+
+        def probe(n: int, owners: list[str]) -> str:
+            with bound.binding(binder, owners=owners):
+                return binder.probe_view(definitions[n], lambda: spark.sql(definitions[n]))[0]
+
+        names = [probe(0, ["q1"]), probe(1, ["q1"]), probe(2, ["q1"])]
+        probe(1, ["q2"])  # read by q2 too
+        probe(2, [])  # and by the engine's own statements
+        assert binder.owners == frozenset(), "the owners are the block's alone"
+        binder.forget("q1")
+        assert list(binder._probes) == names[1:] and not spark.catalog.tableExists(names[0])
+        assert binder._probe_characters == len(definitions[1]) + len(definitions[2])
+        binder.forget("q2")
+        assert list(binder._probes) == names[2:] and not spark.catalog.tableExists(names[1])
+    finally:
+        binder.close()
+
+
+def test_closing_a_query_drops_the_plans_kept_for_its_epochs_alone(engine):
+    engine.create_attribute(":n", type="long")
+    engine.create_attribute(":m", type="long")
+    first = engine.query("[:find ?e ?n :where [?e :n ?n] [(> ?n 2)]]")
+    second = engine.query("[:find ?e ?m :where [?e :m ?m] [(> ?m 2)]]")
+    for e in range(1, 5):  # each epoch affects one query
+        engine.transact([[":db/add", e, ":n", e]])
+        engine.transact([[":db/add", e, ":m", e]])
+    binder = engine._state.binder
+    owners = {owner for kept in binder._plans.values() for owner in kept.owners}
+    assert {first.dataflow, second.dataflow} <= owners
+    first.close()
+    assert all(first.dataflow not in kept.owners for kept in binder._plans.values())
+    assert any(second.dataflow in kept.owners for kept in binder._plans.values())
+    reused = binder.reused
+    engine.transact([[":db/add", 9, ":m", 9]])
+    assert binder.reused > reused, "the other query's plans are still kept"
+    assert second.results() == {(e, e): 1 for e in (3, 4, 9)}
 
 
 def test_probe_views_hold_half_the_memory_by_their_text_as_analysed_plans(spark):

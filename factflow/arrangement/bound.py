@@ -84,7 +84,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator, NamedTuple
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, NamedTuple
 
 import pyarrow as pa
 from py4j.java_gateway import JavaClass
@@ -177,8 +177,11 @@ class Binder:
         self._analysed = _Kept(capacity, self.memory // 4, ANALYSED_BYTES_PER_CHARACTER)
         #: parameterized probes' views by name (see :meth:`probe_view`), least recently used
         #: first, with the other views their definitions read
-        self._probes: OrderedDict[str, tuple["DataFrame", frozenset[str], int]] = OrderedDict()
+        self._probes: OrderedDict[str, _Probe] = OrderedDict()
         self._probe_characters = 0
+        #: the queries (opaque tokens) whose evaluation the statements run now belong to, set
+        #: by :func:`binding`; none: the engine's own (applying changes), kept for every epoch
+        self.owners: frozenset[object] = frozenset()
 
     def restart(self) -> None:
         """Number slots from the first again: a new statement group begins (and the
@@ -187,9 +190,7 @@ class Binder:
         self._bound.clear()
         while self._probes and (len(self._probes) > 4 * self.capacity
                                 or self._probe_characters * ANALYSED_BYTES_PER_CHARACTER > self.memory // 2):
-            name, (_, _, characters) = self._probes.popitem(last=False)
-            self._probe_characters -= characters
-            drop_view(self.spark, name)
+            self._drop_probe(next(iter(self._probes)))
 
     def relation(self, frame: "pd.DataFrame", schema: "T.StructType", owner: object | None = None) -> str:
         """SQL reading ``frame``'s rows (typed as ``schema``) as one partition: the next slot
@@ -237,10 +238,15 @@ class Binder:
         found = self._probes.get(name)
         if found is not None:
             self._probes.move_to_end(name)
-            return name, found[0]
+            if not self.owners:  # now read by the engine's own statements too
+                self._probes[name] = found._replace(owners=None)
+            elif found.owners is not None:
+                found.owners.update(self.owners)
+            return name, found.frame
         frame = build()
         frame.createOrReplaceTempView(name)
-        self._probes[name] = (frame, self._views_read(definition), len(definition))
+        self._probes[name] = _Probe(frame, self._views_read(definition), len(definition),
+                                    set(self.owners) if self.owners else None)
         self._probe_characters += len(definition)
         return name, frame
 
@@ -252,7 +258,7 @@ class Binder:
             if not view.startswith(PARAMETERIZED_PROBE_PREFIX):
                 views.add(view)
             elif view in self._probes:
-                views |= self._probes[view][1]
+                views |= self._probes[view].views
             else:  # a probe view dropped meanwhile: what it read is not known, so nothing may keep it
                 views.add(view)
         return frozenset(views)
@@ -285,9 +291,10 @@ class Binder:
         self.planned += 1
         if analysed is None and (views := self._views_read(sql)) <= lasting:
             if on_driver or (not prepared and self._reusable(frame)):
-                self._plans.add(sql, _Statement(frame, views, reads), PERSISTED_PLAN_WEIGHT if prepared else 1.0)
+                self._plans.add(sql, _Statement(frame, views, reads, self.owners),
+                                PERSISTED_PLAN_WEIGHT if prepared else 1.0)
             else:  # hold the analysed plan alone, not the optimized and physical ones
-                self._analysed.add(sql, _Statement(_replanned(self.spark, frame), views, reads))
+                self._analysed.add(sql, _Statement(_replanned(self.spark, frame), views, reads, self.owners))
         return table
 
     def _collected(self, frame: "DataFrame", job: "Callable[[], DataFrame] | None" = None
@@ -315,6 +322,23 @@ class Binder:
         plan = frame._jdf.queryExecution().executedPlan().toString()
         return not any(word in plan for word in _NOT_REUSABLE)
 
+    def forget(self, owner: object) -> None:
+        """``owner``'s query is gone: drop the statements of evaluations it took part in (their
+        text is never asked for again) and the probe views no query left reads. Left to the
+        least-recently-used order, a TPC-H query's kept plans and probes outlived it by
+        30-100 MiB of heap each."""
+        self._plans.forget(owner)
+        self._analysed.forget(owner)
+        for name, probe in list(self._probes.items()):
+            if probe.owners is not None:
+                probe.owners.discard(owner)
+                if not probe.owners:
+                    self._drop_probe(name)
+
+    def _drop_probe(self, name: str) -> None:
+        self._probe_characters -= self._probes.pop(name).characters
+        drop_view(self.spark, name)
+
     def close(self) -> None:
         """Forget the kept plans, release the slots' rows and drop their views."""
         self._plans.clear()
@@ -336,12 +360,25 @@ Prepare = Callable[[Callable[[], Counter[str]]], bool]
 
 class _Statement(NamedTuple):
     """What a :class:`Binder` keeps of a statement: its DataFrame (a kept plan, or one of its
-    analysed plan alone), the views it reads (``Binder._views_read``) and what gives the
-    views its analysed plan reads (:func:`analysed_views`)."""
+    analysed plan alone), the views it reads (``Binder._views_read``), what gives the
+    views its analysed plan reads (:func:`analysed_views`) and the queries whose evaluation
+    it is part of (``Binder.owners``)."""
 
     frame: "DataFrame"
     views: frozenset[str]
     reads: Callable[[], Counter[str]]
+    owners: frozenset[object]
+
+
+class _Probe(NamedTuple):
+    """A parameterized probe's view kept by a :class:`Binder`: its DataFrame, the views its
+    definition reads, the definition's length, and the queries whose statements read it
+    (None: the engine's own statements do, so no query's end drops it)."""
+
+    frame: "DataFrame"
+    views: frozenset[str]
+    characters: int
+    owners: set[object] | None
 
 
 class _Kept:
@@ -395,6 +432,11 @@ class _Kept:
         for sql in [sql for sql, kept in self._statements.items() if not kept.views <= views]:
             self._drop(sql)
 
+    def forget(self, owner: object) -> None:
+        """Drop the statements ``owner`` took part in."""
+        for sql in [sql for sql, kept in self._statements.items() if owner in kept.owners]:
+            self._drop(sql)
+
     def clear(self) -> None:
         """Drop every statement."""
         self._statements.clear()
@@ -411,17 +453,22 @@ def current() -> Binder | None:
 
 
 @contextmanager
-def binding(binder: Binder | None, restart: bool = True) -> Iterator[None]:
+def binding(binder: Binder | None, restart: bool = True, owners: Iterable[object] = ()) -> Iterator[None]:
     """Make ``binder`` (None: none) the active one for the statements built and run inside,
     numbering its slots from the first (``restart=False``: going on from the slots bound
-    before, for a statement that also reads relations built in an earlier block)."""
+    before, for a statement that also reads relations built in an earlier block), their
+    kept plans and probes belonging to the queries ``owners`` (see :meth:`Binder.forget`)."""
     if binder is not None and restart:
         binder.restart()
     token = _current.set(binder)
+    if binder is not None:
+        before, binder.owners = binder.owners, frozenset(owners)
     try:
         yield
     finally:
         _current.reset(token)
+        if binder is not None:
+            binder.owners = before
 
 
 def run(spark: "SparkSession", sql: str, prepare: "Prepare | None" = None) -> pa.Table:

@@ -710,6 +710,8 @@ class Engine:
                 del self._state.queries[query.name]
                 self._state.shared.release(query.name)
             query.dataflow.close()
+            if self._state.binder is not None:
+                self._state.binder.forget(query.dataflow)
             query.closed = True
 
     @property

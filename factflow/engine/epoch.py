@@ -201,7 +201,8 @@ def _compute(state: EngineState, prepared: transaction.PreparedTransaction, epoc
     affected = [q for q in state.queries.values()
                 if any(state.schema.get(a).id in changed for a in q.dataflow.attributes)]
     try:
-        with binding(binder, restart=speculation is None):  # the check reads the guess's slots
+        with binding(binder, restart=speculation is None,  # the check reads the guess's slots
+                     owners=[q.dataflow for q in affected]):
             outputs, kept = state.evaluate(
                 [q.dataflow for q in affected], cx,
                 subscribed={n: None if q.pulls else q.dataflow.report_columns

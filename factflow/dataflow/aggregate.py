@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from factflow.arrangement.batch import DIFF
+from factflow.arrangement.index import TRACE_DIFF
 from factflow.dataflow import zset
 from factflow.dataflow.context import Version
 from factflow.dataflow.nodes import Columns, Node, Stateful
@@ -174,12 +175,18 @@ class Reduce(Stateful):
     def _old_rows(self, cx, change: str) -> str:
         """The old rows an accumulating epoch reads, each present row once (diff 1): every
         group's while the result holds at most ``WHOLE_RESULT_ROWS`` rows, else those of the
-        groups ``change`` touches. Reading the whole result reads ``change`` once, so a small
-        epoch's statement keeps its plan; picking the touched groups reads it twice, and
-        Spark then computes it apart and plans the statement anew each epoch, which costs
-        less than aggregating a large result."""
+        groups ``change`` touches, probed by their keys in a small epoch (see
+        :mod:`.lookup`; a join instead scans the whole result: TPC-H Q18's 150,000 orders'
+        sums at SF 0.1, in a Spark job every epoch). Reading the whole result reads
+        ``change`` once, so a small epoch's statement keeps its plan."""
         if not self.group or self.handle.tuples <= WHOLE_RESULT_ROWS:
             return cx.define(zset.present(self.state(cx, Version.OLD), self.names))
+        kinds = dict(self.columns)
+        keys = cx.define(f"SELECT DISTINCT {', '.join(ident(g) for g in self.group)}, "
+                         f"CAST(1 AS BIGINT) AS {ident(DIFF)} FROM {change}")
+        probed = self.probe_old(cx, keys, [(g, kinds[g]) for g in self.group], self.group, how="semi", present=True)
+        if probed is not None:
+            return cx.define(zset.select(probed, self.names, diff=ident(TRACE_DIFF)))
         touched = cx.define(zset.semijoin(self.state(cx, Version.OLD), change, self.group))
         return cx.define(zset.present(touched, self.names))
 

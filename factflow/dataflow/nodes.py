@@ -679,6 +679,15 @@ class Stateful(Node):
         changed = cx.define(zset.join(frame, [n for n, _ in frame_columns], change, self.names, on))
         return cx.define(zset.union([product, changed], names))
 
+    def join_into(self, cx, version, frame, frame_columns, on):
+        """Probe the old state by the frame's keys (plus, as of NEW, join this epoch's change),
+        where that applies (see :mod:`.lookup`); else join the whole state. (A lookup of an
+        aggregate rule by its group, as TPC-H Q18's orders by their summed quantity, read
+        the whole result in every small epoch before.)"""
+        change = self.state_delta(cx) if version is Version.NEW else None
+        joined = self.probed_join(cx, frame, frame_columns, on, change)
+        return super().join_into(cx, version, frame, frame_columns, on) if joined is None else joined
+
     def without(self, cx: EpochContext, version: Version, frame: str, frame_columns: Columns,
                 on: Sequence[str]) -> str:
         """The rows of ``frame`` whose ``on`` columns are not in this collection as of
@@ -699,12 +708,6 @@ class Arranged(Stateful):
 
     def _read(self, cx, version):
         return self.state(cx, version)
-
-    def join_into(self, cx, version, frame, frame_columns, on):
-        """Probe the old state by the frame's keys (plus, as of NEW, join this epoch's change)."""
-        change = self.state_delta(cx) if version is Version.NEW else None
-        joined = self.probed_join(cx, frame, frame_columns, on, change)
-        return super().join_into(cx, version, frame, frame_columns, on) if joined is None else joined
 
     def describe(self):
         return f"Arrange privately by {', '.join(self.slot.key) or '(all)'}"

@@ -470,6 +470,22 @@ def test_a_statement_over_bound_rows_runs_on_the_driver_and_gives_what_a_job_giv
     assert on_driver.table.to_pandas().equals(as_job.to_pandas())
 
 
+def test_a_driver_run_leaves_the_call_site_as_it_found_it(spark, binder):
+    """A driver run sets a call site for the RDDs it builds (so that each is not read off a
+    stack trace) and leaves the thread's call site as it found it, set or not."""
+    sc = spark.sparkContext
+    relation = binder.relation(_frame([(1, "a"), (2, "b")]), SCHEMA)
+    frame = spark.sql(f"SELECT v, count(*) AS n FROM {relation} GROUP BY v")
+    for before in (None, "the caller's"):
+        sc.setLocalProperty("callSite.short", before)
+        try:
+            assert bound.collected(frame).read_on_driver == 2
+            assert sc.getLocalProperty("callSite.short") == before
+            assert sc.getLocalProperty("callSite.long") is None
+        finally:
+            sc.setLocalProperty("callSite.short", None)
+
+
 def test_statements_the_driver_cannot_run_alone_run_as_jobs(spark, binder):
     """A plan that shuffles, calls Python other than ``mapInArrow`` or reads anything but
     bound and literal rows is not run on the driver."""

@@ -477,13 +477,14 @@ def test_a_driver_run_leaves_the_call_site_as_it_found_it(spark, binder):
     relation = binder.relation(_frame([(1, "a"), (2, "b")]), SCHEMA)
     frame = spark.sql(f"SELECT v, count(*) AS n FROM {relation} GROUP BY v")
     for before in (None, "the caller's"):
-        sc.setLocalProperty("callSite.short", before)
+        for form in ("callSite.short", "callSite.long"):
+            sc.setLocalProperty(form, before)
         try:
             assert bound.collected(frame).read_on_driver == 2
-            assert sc.getLocalProperty("callSite.short") == before
-            assert sc.getLocalProperty("callSite.long") is None
+            assert [sc.getLocalProperty(form) for form in ("callSite.short", "callSite.long")] == [before, before]
         finally:
-            sc.setLocalProperty("callSite.short", None)
+            for form in ("callSite.short", "callSite.long"):
+                sc.setLocalProperty(form, None)
 
 
 def test_statements_the_driver_cannot_run_alone_run_as_jobs(spark, binder):

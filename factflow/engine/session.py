@@ -255,13 +255,15 @@ def driver_alive(spark: SparkSession) -> bool:
 def label_jobs(sc: SparkContext, group: str, description: str) -> None:
     """Run this thread's next Spark jobs in the job group ``group`` with ``description``.
 
-    The description is also the jobs' (long) call site. Without one, Spark walks and
-    formats the JVM stack for every RDD it builds, and executing a statement builds one or
+    The description is also the jobs' call site, both its forms. Without either, Spark walks
+    and formats the JVM stack for every RDD it builds, and executing a statement builds one or
     more per operator: for a small epoch's statement over five LDBC queries that walk was
-    0.25-0.35 s of a 1.0-1.4 s run."""
+    0.25-0.35 s of a 1.0-1.4 s run (with the long form alone, Spark still walked it for the
+    short one: a sixth of a TPC-H Q19 epoch run on the driver, see ``DriverRun``)."""
     _adopt_task_class_loader(sc)
     sc.setJobGroup(group, description, interruptOnCancel=False)
-    sc.setLocalProperty("callSite.long", description)
+    for form in ("callSite.short", "callSite.long"):
+        sc.setLocalProperty(form, description)
 
 
 #: Spark contexts whose tasks' class loader was captured (:func:`share_task_class_loader`),

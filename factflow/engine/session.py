@@ -259,7 +259,7 @@ def label_jobs(sc: SparkContext, group: str, description: str) -> None:
     and formats the JVM stack for every RDD it builds, and executing a statement builds one or
     more per operator: for a small epoch's statement over five LDBC queries that walk was
     0.25-0.35 s of a 1.0-1.4 s run (with the long form alone, Spark still walked it for the
-    short one: a sixth of a TPC-H Q19 epoch run on the driver, see ``DriverRun``)."""
+    short one: a fifth of a TPC-H Q19 epoch run on the driver, see ``DriverRun``)."""
     _adopt_task_class_loader(sc)
     sc.setJobGroup(group, description, interruptOnCancel=False)
     for form in ("callSite.short", "callSite.long"):

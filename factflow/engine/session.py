@@ -255,11 +255,13 @@ def driver_alive(spark: SparkSession) -> bool:
 def label_jobs(sc: SparkContext, group: str, description: str) -> None:
     """Run this thread's next Spark jobs in the job group ``group`` with ``description``.
 
-    The description is also the jobs' call site, both its forms. Without either, Spark walks
-    and formats the JVM stack for every RDD it builds, and executing a statement builds one or
+    The description is also the jobs' call site, both its forms. Without one, Spark walks and
+    formats the JVM stack for every RDD it builds, and executing a statement builds one or
     more per operator: for a small epoch's statement over five LDBC queries that walk was
-    0.25-0.35 s of a 1.0-1.4 s run (with the long form alone, Spark still walked it for the
-    short one: a fifth of a TPC-H Q19 epoch run on the driver, see ``DriverRun``)."""
+    0.25-0.35 s of a 1.0-1.4 s run. PySpark's own actions clear the short form as they
+    return (``SCCallSiteSync``), so a statement run on the driver sets both again while it
+    builds its RDDs (``DriverRun``: a fifth of a TPC-H Q19 epoch; setting them here alone
+    gained nothing measurable)."""
     _adopt_task_class_loader(sc)
     sc.setJobGroup(group, description, interruptOnCancel=False)
     for form in ("callSite.short", "callSite.long"):

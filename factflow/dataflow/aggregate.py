@@ -182,8 +182,7 @@ class Reduce(Stateful):
         if not self.group or self.handle.tuples <= WHOLE_RESULT_ROWS:
             return cx.define(zset.present(self.state(cx, Version.OLD), self.names))
         kinds = dict(self.columns)
-        keys = cx.define(f"SELECT DISTINCT {', '.join(ident(g) for g in self.group)}, "
-                         f"CAST(1 AS BIGINT) AS {ident(DIFF)} FROM {change}")
+        keys = cx.define(zset.touched(change, self.group))
         probed = self.probe_old(cx, keys, [(g, kinds[g]) for g in self.group], self.group, how="semi", present=True)
         if probed is not None:
             return cx.define(zset.select(probed, self.names, diff=ident(TRACE_DIFF)))

@@ -318,7 +318,7 @@ class DeltaJoin(Node):
         line item, and an epoch of new line items changes all seven: 14 lookups against 42."""
         name = ident(key[0])
         values = " UNION ALL ".join(f"SELECT {name} FROM {d}" for d in changes)
-        touched = cx.define(f"SELECT DISTINCT {name}, CAST(1 AS BIGINT) AS {ident(DIFF)} FROM ({values})")
+        touched = cx.define(zset.touched(f"({values})", [key[0]]))
         columns = [key] + [c for c in self.reader.source.columns if c[0] != key[0]]  # as join_into outputs them
         parts = []
         for version, sign in ((Version.NEW, ""), (Version.OLD, "-")):

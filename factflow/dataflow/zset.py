@@ -92,6 +92,12 @@ def present(updates: str, names: Sequence[str]) -> str:
     return f"{select(f'({consolidate(updates, names)})', names, diff='CAST(1 AS BIGINT)')} WHERE {ident(DIFF)} > 0"
 
 
+def touched(relation: str, names: Sequence[str]) -> str:
+    """The distinct values of ``names`` in ``relation`` (whatever their diffs), each once with
+    diff 1: the keys a change touches, to probe or read by."""
+    return f"SELECT DISTINCT {', '.join(_cols(names))}, CAST(1 AS BIGINT) AS {ident(DIFF)} FROM {relation}"
+
+
 def union(relations: Sequence[str], names: Sequence[str]) -> str:
     """Concatenate Z-sets, taking ``names`` and the diff from each."""
     return " UNION ALL ".join(f"({select(r, names)})" for r in relations)

@@ -54,7 +54,10 @@ its one task would, without a Spark job (:func:`collected`, ``DriverRun``). An e
 one partition that Spark reuses (a ``WITH`` entry computed once) and a probe persisted for
 the statement are computed there at each run (the probe's cache is never filled), so such
 plans are kept too (docs/benchmarks.md, "Entries computed once, on the driver" and
-"Persisted probes on the driver": all 22 TPC-H queries' small epochs run no job). On a
+"Persisted probes on the driver": all 22 TPC-H queries' small epochs run no job). A kept
+plan run on the driver keeps what it was prepared into there (``DriverRun.Prepared``: its
+RDDs, built once; Spark cleans and test-serializes each join's closure as it builds them),
+so running it again computes its rows and nothing else. On a
 cluster, a job of one task
 costs an executor deserializing a plan of a few hundred operators that it runs a few times
 a minute, and Spark's scheduling in any mode (LDBC's one-change epochs with five queries in
@@ -277,7 +280,7 @@ class Binder:
             self.reused += 1
             # run as a job, a kept plan would read its first job's shuffle output and caches:
             # where the driver gives up, it is planned anew from its analysed plan
-            return self._collected(kept.frame, lambda: _replanned(self.spark, kept.frame))[0]
+            return self._collected(kept.frame, lambda: _replanned(self.spark, kept.frame), kept.prepared).table
         analysed = self._analysed.get(sql)
         if analysed is not None:
             self.reanalysed += 1
@@ -287,25 +290,25 @@ class Binder:
             frame = self.spark.sql(sql)
             reads = _counted_once(frame)
         prepared = prepare(reads) if prepare is not None else False
-        table, on_driver = self._collected(frame)
+        found = self._collected(frame)
         self.planned += 1
         if analysed is None and (views := self._views_read(sql)) <= lasting:
-            if on_driver or (not prepared and self._reusable(frame)):
-                self._plans.add(sql, _Statement(frame, views, reads, self.owners),
+            if found.read_on_driver is not None or (not prepared and self._reusable(frame)):
+                self._plans.add(sql, _Statement(frame, views, reads, self.owners, found.prepared),
                                 PERSISTED_PLAN_WEIGHT if prepared else 1.0)
             else:  # hold the analysed plan alone, not the optimized and physical ones
                 self._analysed.add(sql, _Statement(_replanned(self.spark, frame), views, reads, self.owners))
-        return table
+        return found.table
 
-    def _collected(self, frame: "DataFrame", job: "Callable[[], DataFrame] | None" = None
-                   ) -> tuple[pa.Table, bool]:
-        """:func:`collected`, noting a statement run on the driver; and whether it was."""
+    def _collected(self, frame: "DataFrame", job: "Callable[[], DataFrame] | None" = None,
+                   prepared: object | None = None) -> "Collected":
+        """:func:`collected`, noting a statement run on the driver."""
         began = time.perf_counter()
-        table, read = collected(frame, job)
-        if read is not None:
+        found = collected(frame, job, prepared)
+        if found.read_on_driver is not None:
             description = self.spark.sparkContext.getLocalProperty("spark.job.description")
-            self._on_driver.append(DriverRun(description, time.perf_counter() - began, read))
-        return table, read is not None
+            self._on_driver.append(DriverRun(description, time.perf_counter() - began, found.read_on_driver))
+        return found
 
     def take_on_driver(self) -> list[DriverRun]:
         """The statements run on the driver since the last call (each of which would have
@@ -361,13 +364,15 @@ Prepare = Callable[[Callable[[], Counter[str]]], bool]
 class _Statement(NamedTuple):
     """What a :class:`Binder` keeps of a statement: its DataFrame (a kept plan, or one of its
     analysed plan alone), the views it reads (``Binder._views_read``), what gives the
-    views its analysed plan reads (:func:`analysed_views`) and the queries whose evaluation
-    it is part of (``Binder.owners``)."""
+    views its analysed plan reads (:func:`analysed_views`), the queries whose evaluation
+    it is part of (``Binder.owners``) and, for a plan run on the driver, what it was
+    prepared into there (:attr:`Collected.prepared`)."""
 
     frame: "DataFrame"
     views: frozenset[str]
     reads: Callable[[], Counter[str]]
     owners: frozenset[object]
+    prepared: object | None = None
 
 
 class _Probe(NamedTuple):
@@ -497,13 +502,17 @@ class DriverRun:
 
 class Collected(NamedTuple):
     """A statement's rows (:func:`collected`) and, when the driver's JVM computed them
-    without a Spark job, the rows its scans read there (None when a job ran)."""
+    without a Spark job, the rows its scans read there (None when a job ran) and the plan
+    as prepared to run there (a ``DriverRun.Prepared`` in the JVM; None when a job ran),
+    which runs it again for less (its RDDs built once)."""
 
     table: pa.Table
     read_on_driver: int | None
+    prepared: object | None = None
 
 
-def collected(frame: "DataFrame", job: "Callable[[], DataFrame] | None" = None) -> Collected:
+def collected(frame: "DataFrame", job: "Callable[[], DataFrame] | None" = None,
+              prepared: object | None = None) -> Collected:
     """The rows of ``frame`` as Arrow, as ``frame.toArrow()`` gives them. A plan that reads
     only bound and literal rows, with no subquery, no exchange but into one partition, and no
     Python other than ``mapInArrow`` (run in a Python worker of the driver's), runs in the
@@ -511,11 +520,15 @@ def collected(frame: "DataFrame", job: "Callable[[], DataFrame] | None" = None) 
     ``factflow/jvm``; its exchanges and persisted parts computed there, anew, unless they
     come to more than :data:`DRIVER_HELD_FRACTION` of the driver's heap); any other runs as a
     job (``job()``'s DataFrame, if given, instead of ``frame``), as every plan does on a session
-    without factflow's jar on the driver."""
+    without factflow's jar on the driver. ``prepared``, what an earlier run of ``frame``
+    returned as :attr:`Collected.prepared`, runs it again without preparing it anew."""
     spark = frame.sparkSession
-    driver_run = spark._jvm.factflow.jvm.DriverRun  # a JavaPackage, not a class, without the jar
-    found = (driver_run.collect(frame._jdf, tempfile.gettempdir(), int(_driver_heap(spark) * DRIVER_HELD_FRACTION))
-             if isinstance(driver_run, JavaClass) else None)
+    held = int(_driver_heap(spark) * DRIVER_HELD_FRACTION)
+    if prepared is not None:
+        found = prepared.collect(tempfile.gettempdir(), held)
+    else:
+        driver_run = spark._jvm.factflow.jvm.DriverRun  # a JavaPackage, not a class, without the jar
+        found = driver_run.collect(frame._jdf, tempfile.gettempdir(), held) if isinstance(driver_run, JavaClass) else None
     if found is None:
         return Collected((frame if job is None else job()).toArrow(), None)
     schema = to_arrow_schema(frame.schema, error_on_duplicated_field_names_in_struct=True,
@@ -526,7 +539,7 @@ def collected(frame: "DataFrame", job: "Callable[[], DataFrame] | None" = None) 
             table = pa.ipc.open_stream(file).read_all()
     finally:
         os.remove(path)
-    return Collected(table.cast(schema), found.rowsRead())
+    return Collected(table.cast(schema), found.rowsRead(), found.prepared())
 
 
 def analysed_views(frame: "DataFrame") -> Counter[str]:

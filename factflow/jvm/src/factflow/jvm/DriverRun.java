@@ -12,6 +12,7 @@ import java.util.Map;
 import java.util.Properties;
 import java.util.concurrent.atomic.AtomicLong;
 
+import org.apache.spark.Dependency;
 import org.apache.spark.Partition;
 import org.apache.spark.SparkException;
 import org.apache.spark.SparkEnv;
@@ -44,6 +45,7 @@ import org.apache.spark.sql.execution.exchange.ReusedExchangeExec;
 import org.apache.spark.sql.execution.exchange.ShuffleExchangeExec;
 import org.apache.spark.sql.execution.python.MapInArrowExec;
 import org.apache.spark.sql.internal.SQLConf;
+import org.apache.spark.sql.types.StructType;
 import org.apache.spark.util.CallSite$;
 import scala.reflect.ClassTag;
 import scala.reflect.ClassTag$;
@@ -67,6 +69,10 @@ import scala.reflect.ClassTag$;
  * its inputs' new rows everywhere, where a job would reuse the first run's shuffle output and
  * a cache would hold the first run's rows. A plan that reads anything else (files, stored
  * data), runs other Python, shuffles into several partitions or broadcasts is not run here.
+ *
+ * <p>A plan is prepared to run here once ({@link Prepared}: its RDDs built, each part it
+ * computes once read through rows each run fills) and run again from that, so a plan kept for
+ * later epochs pays Spark's building of its RDDs once.
  */
 public final class DriverRun {
   /**
@@ -78,21 +84,24 @@ public final class DriverRun {
   /** The local properties that name where an RDD is made (read instead of a stack trace). */
   private static final String CALL_SITE_SHORT = CallSite$.MODULE$.SHORT_FORM();
   private static final String CALL_SITE_LONG = CallSite$.MODULE$.LONG_FORM();
+  private static final ClassTag<InternalRow> ROW = ClassTag$.MODULE$.apply(InternalRow.class);
 
   private DriverRun() {}
 
   /**
-   * What {@link #collect} computed: the file holding its rows as an Arrow IPC stream (schema
-   * first; the caller deletes it), and the rows its scans read. A file, not a byte array:
-   * Py4J took 43 ms to hand the driver a result of 7.5 KB.
+   * What a run computed: the file holding its rows as an Arrow IPC stream (schema first; the
+   * caller deletes it), the rows its scans read, and the prepared plan that runs it again. A
+   * file, not a byte array: Py4J took 43 ms to hand the driver a result of 7.5 KB.
    */
   public static final class Collected {
     private final String file;
     private final long rowsRead;
+    private final Prepared prepared;
 
-    Collected(String file, long rowsRead) {
+    Collected(String file, long rowsRead, Prepared prepared) {
       this.file = file;
       this.rowsRead = rowsRead;
+      this.prepared = prepared;
     }
 
     /** The file holding the statement's rows as an Arrow IPC stream. */
@@ -100,59 +109,23 @@ public final class DriverRun {
 
     /** The rows its scans of bound rows read, as a job's input records would count them. */
     public long rowsRead() { return rowsRead; }
+
+    /** The prepared plan that computed these rows, to run again with the rows then bound. */
+    public Prepared prepared() { return prepared; }
   }
 
   /**
-   * The rows of {@code frame} computed in this JVM, written to a new file under
-   * {@code directory}; null when its plan reads anything but bound and literal rows (cached
-   * relations of such rows included), or
-   * needs an exchange into several partitions (its own, as a limit over several partitions
-   * has), a subquery or Python other than {@code mapInArrow}; null too as soon as the rows
-   * of the parts it computes once come to more than {@code heldBytes} (nothing is left of the
-   * run). A job would keep those parts in Spark's memory, which spills to disk; held here,
-   * they take the heap.
+   * The rows of {@code frame} computed in this JVM ({@link Prepared#collect}), its plan
+   * prepared for this run; null when the plan reads anything but bound and literal rows
+   * (cached relations of such rows included), or needs an exchange into several partitions
+   * (its own, as a limit over several partitions has), a subquery or Python other than
+   * {@code mapInArrow}; null too as soon as the parts it computes once come to more than
+   * {@code heldBytes}.
    */
   public static Collected collect(Dataset<Row> frame, String directory, long heldBytes)
       throws IOException, SparkException {
     SparkPlan plan = frame.queryExecution().executedPlan();
-    if (!local(plan)) {
-      return null;
-    }
-    SQLConf conf = frame.sparkSession().sessionState().conf();
-    Properties properties = new Properties();
-    properties.putAll(frame.sparkSession().sparkContext().getLocalProperties());
-    scala.jdk.javaapi.CollectionConverters.asJava(conf.getAllConfs()).forEach(properties::setProperty);
-    SparkContext context = frame.sparkSession().sparkContext();
-    Run run = new Run(context, properties, heldBytes);
-    Path file = Files.createTempFile(Path.of(directory), "factflow-driver-run-", ".arrow");
-    // every RDD the run builds records where it was made: given, that is not read off a stack
-    // trace of this thread (a fifth of a TPC-H Q19 epoch's time, building 5,000 operators' RDDs)
-    String shortSite = context.getLocalProperty(CALL_SITE_SHORT);
-    String longSite = context.getLocalProperty(CALL_SITE_LONG);
-    context.setLocalProperty(CALL_SITE_SHORT, "factflow DriverRun");
-    context.setLocalProperty(CALL_SITE_LONG, "factflow DriverRun");
-    try (OutputStream out = new BufferedOutputStream(Files.newOutputStream(file), 64 * 1024)) {
-      RDD<byte[]> batches = frame.toArrowBatchRdd(run.computable(plan));
-      ArrowBatchStreamWriter writer = new ArrowBatchStreamWriter(frame.schema(), out, conf.sessionLocalTimeZone(),
-          "legacy".equals(conf.pandasStructHandlingMode()), conf.arrowUseLargeVarTypes());
-      Partition[] partitions = batches.partitions();
-      for (Partition partition : partitions) {
-        run.task(batches, partition, partitions.length, writer::writeBatches);
-      }
-      writer.end();
-    } catch (TooLarge e) {
-      Files.deleteIfExists(file);
-      return null;
-    } catch (IOException | SparkException | RuntimeException | Error e) {
-      Files.deleteIfExists(file);
-      throw e;
-    } finally {
-      context.setLocalProperty(CALL_SITE_SHORT, shortSite);
-      context.setLocalProperty(CALL_SITE_LONG, longSite);
-      forgetSorters(plan);
-      run.executed.forEach(DriverRun::forgetSorters);
-    }
-    return new Collected(file.toString(), run.read);
+    return local(plan) ? new Prepared(frame, plan).collect(directory, heldBytes) : null;
   }
 
   /** A run's parts computed once came to more than it may hold. */
@@ -170,29 +143,263 @@ public final class DriverRun {
   }
 
   /**
-   * One run of a plan: the tasks it computes here, the parts computed once (by the exchange or
-   * cache they stand for; a cache's rows by partition), the plans run, the rows its scans
-   * read, and the bytes of rows it holds.
+   * A plan made ready to run here any number of times: its RDDs built once, each part it
+   * computes once per run (an exchange into one partition, a cached relation) read through a
+   * {@link HeldRows} that the run fills before anything reads it.
+   *
+   * <p>Building a plan's RDDs is most of what running a large plan again would cost: Spark
+   * cleans and test-serializes the closure of every operator that zips its inputs (a
+   * sort-merge join's holds the whole plan below it) and generates each stage's code anew.
+   * Kept with its plan, a prepared plan pays that once. Runs of one prepared plan take turns.
    */
-  private static final class Run {
-    private static final ClassTag<InternalRow> ROW = ClassTag$.MODULE$.apply(InternalRow.class);
+  public static final class Prepared {
     private final SparkContext context;
+    private final SQLConf conf;
+    private final StructType schema;
+    /** The parts a run computes, in an order where each comes after those it reads. */
+    private final List<Part> parts = new ArrayList<>();
+    private final Map<Exchange, HeldRows> exchanges = new IdentityHashMap<>();
+    private final Map<Object, CachedPart> caches = new IdentityHashMap<>();
+    /** Every plan whose RDDs a run computes (sorts keep their sorters in them). */
+    private final List<SparkPlan> plans = new ArrayList<>();
+    private final RDD<byte[]> batches;
+
+    Prepared(Dataset<Row> frame, SparkPlan plan) throws SparkException {
+      context = frame.sparkSession().sparkContext();
+      conf = frame.sparkSession().sessionState().conf();
+      schema = frame.schema();
+      String[] site = namedCallSite(context);
+      try {
+        SparkPlan computable = computable(plan);
+        plans.add(computable);
+        batches = frame.toArrowBatchRdd(computable);
+      } finally {
+        restoreCallSite(context, site);
+      }
+    }
+
+    /**
+     * The rows of the plan computed here, with the rows bound now, written to a new file under
+     * {@code directory}; null as soon as the parts it computes once come to more than
+     * {@code heldBytes} (nothing is left of the run). A job would keep those parts in Spark's
+     * memory, which spills to disk; held here, they take the heap.
+     */
+    public synchronized Collected collect(String directory, long heldBytes) throws IOException, SparkException {
+      Properties properties = new Properties();
+      properties.putAll(context.getLocalProperties());
+      scala.jdk.javaapi.CollectionConverters.asJava(conf.getAllConfs()).forEach(properties::setProperty);
+      Run run = new Run(properties, heldBytes);
+      Path file = Files.createTempFile(Path.of(directory), "factflow-driver-run-", ".arrow");
+      String[] site = namedCallSite(context);
+      try (OutputStream out = new BufferedOutputStream(Files.newOutputStream(file), 64 * 1024)) {
+        for (Part part : parts) {
+          part.fill(run);
+        }
+        ArrowBatchStreamWriter writer = new ArrowBatchStreamWriter(schema, out, conf.sessionLocalTimeZone(),
+            "legacy".equals(conf.pandasStructHandlingMode()), conf.arrowUseLargeVarTypes());
+        Partition[] partitions = batches.partitions();
+        for (Partition partition : partitions) {
+          run.task(batches, partition, partitions.length, writer::writeBatches);
+        }
+        writer.end();
+      } catch (TooLarge e) {
+        Files.deleteIfExists(file);
+        return null;
+      } catch (IOException | SparkException | RuntimeException | Error e) {
+        Files.deleteIfExists(file);
+        throw e;
+      } finally {
+        restoreCallSite(context, site);
+        parts.forEach(Part::clear);
+        plans.forEach(DriverRun::forgetSorters);
+      }
+      return new Collected(file.toString(), run.read, this);
+    }
+
+    /**
+     * {@code plan} with each exchange into one partition, each reuse of one, and each scan of
+     * a cached relation replaced by a scan of rows a run computes here (once per exchange or
+     * cache), those parts noted in the order a run computes them.
+     */
+    private SparkPlan computable(SparkPlan plan) throws SparkException {
+      InMemoryTableScanExec cached = cachedScan(plan);
+      if (plan instanceof ShuffleExchangeExec || plan instanceof ReusedExchangeExec) {
+        Exchange exchange = plan instanceof ReusedExchangeExec reused ? reused.child() : (Exchange) plan;
+        HeldRows rows = exchanges.get(exchange);
+        if (rows == null) {
+          SparkPlan source = computable(exchange.child());
+          rows = new HeldRows(context, 1);
+          parts.add(new ExchangePart(sourceOf(source), rows));
+          exchanges.put(exchange, rows);
+        }
+        return new RDDScanExec(plan.output(), rows, "rows computed on the driver", plan.outputPartitioning(),
+            plan.outputOrdering(), scala.Option.empty());
+      }
+      if (cached != null) {
+        return scanOfComputed(cached);
+      }
+      List<SparkPlan> children = new ArrayList<>();
+      boolean changed = false;
+      scala.collection.Iterator<SparkPlan> it = plan.children().iterator();
+      while (it.hasNext()) {
+        SparkPlan child = it.next();
+        SparkPlan replaced = computable(child);
+        changed |= replaced != child;
+        children.add(replaced);
+      }
+      return changed ? plan.withNewChildren(scala.jdk.javaapi.CollectionConverters.asScala(children).toSeq()) : plan;
+    }
+
+    /**
+     * A scan of the rows of {@code scan}'s cached relation, computed by a run (once per cache):
+     * its columns, in its partitions, and said to be partitioned and ordered as the scan says
+     * its rows are. Operators above it rely on that: a union of inputs partitioned alike keeps
+     * their partitions, so an aggregate over it needs no exchange. (Said to be partitioned
+     * otherwise, such a union gave two partitions, and TPC-H's Q13 at scale factor 0.1 counted
+     * a customer's orders in each.)
+     */
+    private SparkPlan scanOfComputed(InMemoryTableScanExec scan) throws SparkException {
+      CachedPart part = caches.get(scan.relation().cacheBuilder());
+      if (part == null) {
+        part = new CachedPart(sourceOf(computable(scan.relation().cachedPlan())));
+        parts.add(part);
+        caches.put(scan.relation().cacheBuilder(), part);
+      }
+      @SuppressWarnings("unchecked")
+      UnsafeProjection columns = UnsafeProjection$.MODULE$.create(
+          (scala.collection.immutable.Seq<Expression>) (scala.collection.immutable.Seq<?>) scan.attributes(),
+          scan.relation().output());
+      HeldRows rows = new HeldRows(context, part.source.partitions().length);
+      part.scans.add(new ScanOfPart(rows, columns));
+      return new RDDScanExec(scan.output(), rows, "rows computed on the driver", scan.outputPartitioning(),
+          scan.outputOrdering(), scala.Option.empty());
+    }
+
+    /** The RDD of {@code plan}, a part's source, noted among the plans a run computes. */
+    private RDD<InternalRow> sourceOf(SparkPlan plan) {
+      plans.add(plan);
+      return plan.execute();
+    }
+  }
+
+  /** A part of a plan that a run computes once, before the operators that read it. */
+  private interface Part {
+    /** Compute this part's rows for {@code run} and hand them to the scans that read them. */
+    void fill(Run run) throws SparkException;
+
+    /** Let go of the rows the last run computed. */
+    void clear();
+  }
+
+  /** An exchange into one partition: its input's rows, all partitions in one. */
+  private record ExchangePart(RDD<InternalRow> source, HeldRows rows) implements Part {
+    @Override
+    public void fill(Run run) throws SparkException {
+      List<InternalRow> all = new ArrayList<>();
+      run.partitionsOf(source).forEach(all::addAll);
+      rows.hold(List.of(all));
+    }
+
+    @Override
+    public void clear() {
+      rows.hold(null);
+    }
+  }
+
+  /** A scan of a cached relation's rows: where its columns go, and how it takes them. */
+  private record ScanOfPart(HeldRows rows, UnsafeProjection columns) {}
+
+  /** A cached relation: its plan's rows by partition, projected for each scan of it. */
+  private static final class CachedPart implements Part {
+    final RDD<InternalRow> source;
+    final List<ScanOfPart> scans = new ArrayList<>();
+
+    CachedPart(RDD<InternalRow> source) {
+      this.source = source;
+    }
+
+    @Override
+    public void fill(Run run) throws SparkException {
+      List<List<InternalRow>> parts = run.partitionsOf(source);
+      for (ScanOfPart scan : scans) {
+        List<List<InternalRow>> projected = new ArrayList<>(parts.size());
+        for (List<InternalRow> part : parts) {
+          List<InternalRow> rows = new ArrayList<>(part.size());
+          for (InternalRow row : part) {
+            rows.add(run.hold(scan.columns().apply(row).copy()));
+          }
+          projected.add(rows);
+        }
+        scan.rows().hold(projected);
+      }
+    }
+
+    @Override
+    public void clear() {
+      scans.forEach(scan -> scan.rows().hold(null));
+    }
+  }
+
+  /**
+   * Rows a run of a prepared plan computes and its operators read, in a fixed number of
+   * partitions: an RDD built once with the plan, filled anew by each run.
+   */
+  private static final class HeldRows extends RDD<InternalRow> {
+    private static final long serialVersionUID = 1L;
+    private final int count;
+    /** The current run's rows by partition; null between runs. */
+    private transient List<List<InternalRow>> rows;
+
+    @SuppressWarnings("unchecked")
+    HeldRows(SparkContext context, int count) {
+      super(context, (scala.collection.immutable.Seq<Dependency<?>>) (Object) scala.collection.immutable.Nil$.MODULE$,
+          ROW);
+      this.count = count;
+    }
+
+    void hold(List<List<InternalRow>> rows) {
+      if (rows != null && rows.size() != count) {
+        throw new IllegalStateException("a part computed on the driver gave " + rows.size()
+            + " partitions where its plan has " + count);
+      }
+      this.rows = rows;
+    }
+
+    @Override
+    public scala.collection.Iterator<InternalRow> compute(Partition partition, TaskContext task) {
+      if (rows == null) {
+        throw new IllegalStateException("rows computed on the driver were read outside their run");
+      }
+      return scala.jdk.javaapi.CollectionConverters.asScala(rows.get(partition.index()).iterator());
+    }
+
+    @Override
+    public Partition[] getPartitions() {
+      Partition[] partitions = new Partition[count];
+      for (int i = 0; i < count; i++) {
+        partitions[i] = new Index(i);
+      }
+      return partitions;
+    }
+  }
+
+  /** A partition of {@link HeldRows}: its index. */
+  private record Index(int index) implements Partition {}
+
+  /** One run of a prepared plan: its tasks' properties, the rows its scans read and the bytes it holds. */
+  private static final class Run {
     private final Properties properties;
-    private final Map<Exchange, RDD<InternalRow>> computed = new IdentityHashMap<>();
-    private final Map<Object, List<List<InternalRow>>> caches = new IdentityHashMap<>();
-    private final List<SparkPlan> executed = new ArrayList<>();
     private final long heldBytes;
     private long read;
     private long held;
 
-    Run(SparkContext context, Properties properties, long heldBytes) {
-      this.context = context;
+    Run(Properties properties, long heldBytes) {
       this.properties = properties;
       this.heldBytes = heldBytes;
     }
 
     /** {@code row}, now held by this run; {@link TooLarge} past the bytes it may hold. */
-    private InternalRow hold(InternalRow row) {
+    InternalRow hold(InternalRow row) {
       held += (row instanceof UnsafeRow unsafe ? unsafe.getSizeInBytes() : 64) + 16;
       if (held > heldBytes) {
         throw new TooLarge();
@@ -200,90 +407,8 @@ public final class DriverRun {
       return row;
     }
 
-    /**
-     * {@code plan} with each exchange into one partition, each reuse of one, and each scan of a
-     * cached relation replaced by a scan of rows computed here (once per exchange or cache).
-     */
-    SparkPlan computable(SparkPlan plan) throws SparkException {
-      SparkPlan out;
-      InMemoryTableScanExec cached = cachedScan(plan);
-      if (plan instanceof ShuffleExchangeExec || plan instanceof ReusedExchangeExec) {
-        Exchange exchange = plan instanceof ReusedExchangeExec reused ? reused.child() : (Exchange) plan;
-        RDD<InternalRow> rows = computed.get(exchange);
-        if (rows == null) {
-          rows = rowsOf(computable(exchange.child()));
-          computed.put(exchange, rows);
-        }
-        out = new RDDScanExec(plan.output(), rows, "rows computed on the driver", plan.outputPartitioning(),
-            plan.outputOrdering(), scala.Option.empty());
-      } else if (cached != null) {
-        out = scanOfComputed(cached);
-      } else {
-        List<SparkPlan> children = new ArrayList<>();
-        boolean changed = false;
-        scala.collection.Iterator<SparkPlan> it = plan.children().iterator();
-        while (it.hasNext()) {
-          SparkPlan child = it.next();
-          SparkPlan replaced = computable(child);
-          changed |= replaced != child;
-          children.add(replaced);
-        }
-        out = changed ? plan.withNewChildren(scala.jdk.javaapi.CollectionConverters.asScala(children).toSeq()) : plan;
-      }
-      return out;
-    }
-
-    /**
-     * A scan of the rows of {@code scan}'s cached relation, computed here (once per cache): its
-     * columns, in its partitions, and said to be partitioned and ordered as the scan says its
-     * rows are. Operators above it rely on that: a union of inputs partitioned alike keeps
-     * their partitions, so an aggregate over it needs no exchange. (Said to be partitioned
-     * otherwise, such a union gave two partitions, and TPC-H's Q13 at scale factor 0.1 counted
-     * a customer's orders in each.)
-     */
-    private SparkPlan scanOfComputed(InMemoryTableScanExec scan) throws SparkException {
-      List<List<InternalRow>> parts = caches.get(scan.relation().cacheBuilder());
-      if (parts == null) {
-        parts = partitionsOf(computable(scan.relation().cachedPlan()));
-        caches.put(scan.relation().cacheBuilder(), parts);
-      }
-      @SuppressWarnings("unchecked")
-      UnsafeProjection columns = UnsafeProjection$.MODULE$.create(
-          (scala.collection.immutable.Seq<Expression>) (scala.collection.immutable.Seq<?>) scan.attributes(),
-          scan.relation().output());
-      List<RDD<InternalRow>> pieces = new ArrayList<>();
-      for (List<InternalRow> part : parts) {
-        List<InternalRow> projected = new ArrayList<>(part.size());
-        for (InternalRow row : part) {
-          projected.add(hold(columns.apply(row).copy()));
-        }
-        pieces.add(onePartition(projected));
-      }
-      RDD<InternalRow> rows = pieces.isEmpty() ? context.emptyRDD(ROW) : pieces.size() == 1 ? pieces.get(0)
-          : context.union(scala.jdk.javaapi.CollectionConverters.asScala(pieces).toSeq(), ROW);
-      return new RDDScanExec(scan.output(), rows, "rows computed on the driver", scan.outputPartitioning(),
-          scan.outputOrdering(), scala.Option.empty());
-    }
-
-    /**
-     * The rows of {@code plan}, computed here partition by partition, in one partition (what an
-     * exchange into one partition gives, whatever its input's partitions).
-     */
-    private RDD<InternalRow> rowsOf(SparkPlan plan) throws SparkException {
-      List<InternalRow> rows = new ArrayList<>();
-      partitionsOf(plan).forEach(rows::addAll);
-      return onePartition(rows);
-    }
-
-    /** {@code rows} as an RDD of one partition. */
-    private RDD<InternalRow> onePartition(List<InternalRow> rows) {
-      return context.parallelize(scala.jdk.javaapi.CollectionConverters.asScala(rows).toSeq(), 1, ROW);
-    }
-
-    /** The rows of {@code plan}, computed here partition by partition, by partition. */
-    private List<List<InternalRow>> partitionsOf(SparkPlan plan) throws SparkException {
-      executed.add(plan);
-      RDD<InternalRow> rdd = plan.execute();
+    /** The rows of {@code rdd}, computed here partition by partition, by partition. */
+    List<List<InternalRow>> partitionsOf(RDD<InternalRow> rdd) throws SparkException {
       Partition[] partitions = rdd.partitions();
       List<List<InternalRow>> parts = new ArrayList<>();
       for (Partition partition : partitions) {
@@ -340,6 +465,24 @@ public final class DriverRun {
         }
       }
     }
+  }
+
+  /**
+   * Name where the RDDs built from here on are made, returning what was named before: every
+   * RDD records that, and unnamed reads it off a stack trace of this thread (a fifth of a
+   * TPC-H Q19 epoch's time, building 5,000 operators' RDDs).
+   */
+  private static String[] namedCallSite(SparkContext context) {
+    String[] before = {context.getLocalProperty(CALL_SITE_SHORT), context.getLocalProperty(CALL_SITE_LONG)};
+    context.setLocalProperty(CALL_SITE_SHORT, "factflow DriverRun");
+    context.setLocalProperty(CALL_SITE_LONG, "factflow DriverRun");
+    return before;
+  }
+
+  /** Name again the call site {@link #namedCallSite} found. */
+  private static void restoreCallSite(SparkContext context, String[] site) {
+    context.setLocalProperty(CALL_SITE_SHORT, site[0]);
+    context.setLocalProperty(CALL_SITE_LONG, site[1]);
   }
 
   /**

@@ -103,9 +103,11 @@ class Layout:
         """Give a pandas frame exactly this layout's columns and dtypes."""
         wanted = {name: PANDAS_DTYPES[kind] for name, kind in self.columns} | {TIME: "int64", DIFF: "int64"}
         out = frame[self.all_names] if list(frame.columns) != self.all_names else frame
-        converting = {name: dtype for name, dtype in wanted.items() if out[name].dtype != dtype}
+        dtypes = dict(zip(out.columns, out.dtypes))
+        converting = {name: dtype for name, dtype in wanted.items() if dtypes[name] != dtype}
         out = out.astype(converting) if converting else out.copy()
-        return out.reset_index(drop=True)
+        out.index = pd.RangeIndex(len(out))  # a copy of its own: no second copy to reset the index
+        return out
 
 
 def local_relation(spark: SparkSession, frame: pd.DataFrame, schema: T.StructType,

@@ -508,9 +508,14 @@ class Trace:
             return consolidated(compacted, names, DIFF)
         column = self.layout.index_key[0]
         met = first.local[column].isin(compacted[column]).to_numpy()
-        older = first.local.assign(**{TIME: max(first.single_time, frontier)})
-        again = consolidated(pd.concat([older[met], compacted], ignore_index=True), names, DIFF)
-        return pd.concat([older[~met], again], ignore_index=True)
+        time = max(first.single_time, frontier)
+        again = consolidated(pd.concat([first.local[met].assign(**{TIME: time}), compacted], ignore_index=True),
+                             names, DIFF)
+        kept = ~met  # the rows no newer row can meet, column by column (one copy of each)
+        return pd.DataFrame({
+            name: np.concatenate([np.full(int(kept.sum()), time, dtype="int64") if name == TIME
+                                  else first.local[name].to_numpy()[kept], again[name].to_numpy()])
+            for name in self.layout.all_names})
 
     def materialize(self, frame: DataFrame, lower: int, upper: int, by_key: bool = False,
                     index: bool = False, expected_rows: int = 0) -> Batch:

@@ -145,7 +145,11 @@ def consolidated(frame: pd.DataFrame, names: Sequence[str], diff: str) -> pd.Dat
     Other rows are grouped by pandas, which is faster for small frames.
     """
     names = list(names)
-    frame = frame.loc[frame[diff] != 0, names + [diff]]
+    nonzero = frame[diff].to_numpy() != 0
+    if not nonzero.all():
+        frame = frame.loc[nonzero, names + [diff]]
+    elif list(frame.columns) != names + [diff]:
+        frame = frame[names + [diff]]
     if len(frame) <= 1:
         return frame.reset_index(drop=True)
     if not names:
@@ -156,8 +160,10 @@ def consolidated(frame: pd.DataFrame, names: Sequence[str], diff: str) -> pd.Dat
         return summed[summed[diff] != 0].reset_index(drop=True)
     table = pa.Table.from_pandas(frame, preserve_index=False)
     summed = table.group_by(names, use_threads=False).aggregate([(diff, "sum")])
-    out = summed.rename_columns(names + [diff]).to_pandas(integer_object_nulls=True)
-    return out[out[diff] != 0].reset_index(drop=True).astype(frame.dtypes.to_dict())
+    summed = summed.rename_columns(names + [diff])
+    out = summed.filter(pc.not_equal(summed[diff], 0)).to_pandas(integer_object_nulls=True)
+    retyped = {name: dtype for name, dtype in frame.dtypes.items() if out[name].dtype != dtype}
+    return out.astype(retyped) if retyped else out
 
 
 def in_session(frame: DataFrame, spark: SparkSession) -> DataFrame:
